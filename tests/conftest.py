@@ -1,0 +1,46 @@
+"""Shared fixtures.
+
+`target` is the real embedded model (SmolLM2-135M-Instruct) in fp32, loaded
+once per session: exactness is tested in fp32, where a bigger batch of rows
+cannot flip an argmax. Tiny random models stand in where a test needs a model
+that is cheap or deliberately bad.
+"""
+
+import os
+
+import pytest
+import torch
+
+import specdec_learn as sd
+from specdec_learn.workloads import load_workload
+
+
+@pytest.fixture(scope="session")
+def target():
+    torch.manual_seed(0)
+    return sd.load("smollm2-135m", dtype="fp32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def real_prompts():
+    """12 held-out prompts across the three workloads, plus one that ends early with EOS."""
+    prompts = load_workload("humaneval", n=4) + load_workload("math", n=4) + load_workload("chat", n=4)
+    return [p.text for p in prompts] + ["Answer with one word only: what colour is the sky on a clear day?"]
+
+
+def tiny_llama(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2):
+    """A random, tiny Llama: fast, and a terrible guesser."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=2,
+        bos_token_id=1, pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _threads():
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
