@@ -1,0 +1,30 @@
+"""The embedded model converts offline into the cache dir, and writes nowhere else."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_conversion_writes_only_into_the_cache_dir(tmp_path):
+    home, cwd, cache = tmp_path / "home", tmp_path / "cwd", tmp_path / "cache"
+    for d in (home, cwd):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "HF_", "SPECDEC_"))}
+    env.update(HOME=str(home), SPECDEC_CACHE=str(cache), HF_HUB_OFFLINE="1", MPLCONFIGDIR=str(cache / "mpl"))
+    code = (
+        "import specdec_learn as sd; t = sd.load('smollm2-135m', dtype='bf16');"
+        "print(sd.generate(t, 'Say hi.', max_new_tokens=4).tokens)"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True, capture_output=True, timeout=300)
+    assert list(home.iterdir()) == [] and list(cwd.iterdir()) == []
+    model_dir = cache / "models" / "smollm2-135m"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
+    assert any(model_dir.glob("*.safetensors"))
+    tokenizer_files = {p.name for p in model_dir.iterdir()}
+    assert "tokenizer.json" in tokenizer_files
+    assert "im_start" in (model_dir / "tokenizer_config.json").read_text() + "".join(
+        p.read_text() for p in model_dir.glob("*.jinja")
+    )
