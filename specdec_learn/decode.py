@@ -92,6 +92,8 @@ def generate(
         budget = min(k, max_new_tokens - len(new) - 1)  # never draft past the budget
         t0 = now(target)
         proposal = drafter.propose(state, budget, sampling, generator) if budget > 0 else Proposal([])
+        if len(proposal.tokens) > budget:
+            raise RuntimeError(f"{drafter.name} proposed {len(proposal.tokens)} tokens when asked for {budget}.")
         t1 = now(target)
         out = target.verify(state, proposal.tokens, taps)
         n, nxt = accept(proposal.tokens, proposal.q, out.logits, sampling, generator)

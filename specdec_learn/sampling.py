@@ -65,5 +65,8 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token id from probs [V]."""
+    """Draw one token id from probs [V] (moved to the generator's device, so a CPU
+    generator gives the same draws whether the model runs on a CPU or a GPU)."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))

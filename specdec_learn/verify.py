@@ -82,4 +82,6 @@ def accept(
     """Pick the rule for this request: greedy, or rejection sampling on p."""
     if sampling.greedy:
         return greedy_accept(drafts, logits)
-    return rejection_accept(drafts, q, probabilities(logits, sampling), generator)
+    # The random draws use a CPU generator (reproducible on any device); k+1 rows are cheap to move.
+    q = q.float().cpu() if q is not None else None
+    return rejection_accept(drafts, q, probabilities(logits.cpu(), sampling), generator)
