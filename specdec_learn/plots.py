@@ -68,3 +68,37 @@ def bench_figure(records):
     time_breakdown(records, axes[2])
     fig.tight_layout()
     return fig
+
+
+def forward_time_vs_rows(rows, seconds, ax=None):
+    """Time of one target forward pass against the number of rows (tokens) it scores.
+
+    Flat means the pass is paid for by reading the weights, not by the
+    arithmetic on the rows: the room speculative decoding lives in.
+    """
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.5))
+    ms = [1000 * s for s in seconds]
+    ax.plot(rows, ms, marker="o", label="measured")
+    ax.plot(rows, [ms[0] * r for r in rows], ls=":", color="grey", label="if every row cost as much as one")
+    ax.set(xscale="log", xlabel="rows scored in one forward pass", ylabel="milliseconds", title="Forward time vs rows")
+    ax.set_xticks(rows, [str(r) for r in rows])
+    ax.set_ylim(0, max(ms) * 1.5)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def distribution_check(probs, counts, labels, ax=None):
+    """Target probabilities next to the frequencies of tokens a sampler produced.
+
+    probs, counts: per-token sequences of equal length; labels: token captions.
+    """
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.5))
+    total = int(sum(counts))
+    xs = range(len(probs))
+    ax.bar([x - 0.2 for x in xs], probs, width=0.4, label="target p")
+    ax.bar([x + 0.2 for x in xs], [c / total for c in counts], width=0.4, label=f"sampled ({total} draws)")
+    ax.set_xticks(list(xs), labels, rotation=45, ha="right")
+    ax.set(ylabel="probability", title="Speculative sampling vs the target distribution")
+    ax.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,96 @@
+"""Build the book: fetch the JavaScript it needs, copy the chapters in, run Jupyter Book.
+
+    .venv/bin/python book/build.py          # -> book/_build/html/index.html
+
+Jupyter Book 1 pages load MathJax, and pages with widget state also load
+require.js and the ipywidgets embed script, by default from CDNs. A book must
+work offline, so we fetch the three packages from the npm registry (with npm,
+the ordinary client) into book/_vendor/, which Sphinx copies to the site root.
+They are fetched at build time, never committed.
+
+The chapters live in ../notebooks (one source of truth, executed in quick
+mode); they are copied into book/chapters/ because Sphinx only reads files
+under the book's folder. Warnings are errors.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+BOOK = Path(__file__).resolve().parent
+NOTEBOOKS = BOOK.parent / "notebooks"
+VENDOR = BOOK / "_vendor"
+
+# npm package -> [(path inside the package, where it goes under _vendor/)]
+PACKAGES = {
+    "mathjax@3.2.2": [("es5", "mathjax")],
+    "requirejs@2.3.8": [("require.js", "require.js")],
+    "@jupyter-widgets/html-manager@1.0.15": [("dist", "html-manager")],
+}
+
+# The embed script's modules find their fonts next to their require.js module
+# id, "@jupyter-widgets/html-manager/dist/...", a path that exists only on a
+# CDN. This runs after require.js and before the embed script (_config.yml)
+# and maps that id onto the folder the files were copied to.
+ASSETS_PATH_JS = """\
+// Written by book/build.py: embed-amd.js finds its fonts in this script's own folder.
+(function () {
+  var folder = document.currentScript.src.replace(/[^/]*$/, "");  // .../html-manager/
+  window.__jupyter_widgets_assets_path__ = folder;
+  require.config({paths: {"@jupyter-widgets/html-manager/dist": folder.replace(/\\/$/, "")}});
+})();
+"""
+
+
+def fetch_assets() -> None:
+    """npm pack each package and unpack the parts the pages load (skipped when present)."""
+    stamp = VENDOR / ".fetched"
+    if stamp.exists() and stamp.read_text() == repr(PACKAGES):
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        sys.exit("book/build.py needs npm to fetch MathJax, require.js and the ipywidgets embed script "
+                 "(Debian: apt-get install npm; `make setup` does this).")
+    shutil.rmtree(VENDOR, ignore_errors=True)
+    VENDOR.mkdir()
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec, parts in PACKAGES.items():
+            out = subprocess.run([npm, "pack", "--silent", spec], cwd=tmp, check=True, capture_output=True, text=True)
+            tgz = Path(tmp) / out.stdout.strip().splitlines()[-1]
+            with tarfile.open(tgz) as tar:
+                tar.extractall(Path(tmp) / tgz.stem, filter="data")
+            for src, dst in parts:
+                src_path = Path(tmp) / tgz.stem / "package" / src
+                if src_path.is_dir():
+                    shutil.copytree(src_path, VENDOR / dst, ignore=shutil.ignore_patterns("*.map"))
+                else:
+                    shutil.copy2(src_path, VENDOR / dst)
+    stamp.write_text(repr(PACKAGES))
+
+
+def copy_chapters() -> None:
+    """notebooks/NN_*.ipynb -> book/chapters/ (a fresh copy every build)."""
+    chapters = BOOK / "chapters"
+    shutil.rmtree(chapters, ignore_errors=True)
+    chapters.mkdir()
+    for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+        shutil.copy2(nb, chapters / nb.name)
+
+
+def build() -> Path:
+    fetch_assets()
+    (VENDOR / "html-manager" / "assets-path.js").write_text(ASSETS_PATH_JS)
+    copy_chapters()
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(jupyter_book), "build", str(BOOK), "--all", "--warningiserror", "--keep-going", "--quiet"]
+    subprocess.run(cmd, check=True)
+    return BOOK / "_build" / "html"
+
+
+if __name__ == "__main__":
+    print(f"built: {build() / 'index.html'}")

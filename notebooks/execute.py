@@ -1,0 +1,72 @@
+"""Re-run chapters in quick mode and store their outputs (what nbval compares and the book shows).
+
+    .venv/bin/python notebooks/execute.py                   # every chapter
+    .venv/bin/python notebooks/execute.py 02_draft_and_verify
+
+Runs each notebook top to bottom in a fresh kernel with SPECDEC_QUICK=1,
+keeps the ipywidgets state, and replaces machine-specific paths in the
+outputs (the repository, the home directory, site-packages) by placeholders,
+so that stored notebooks do not leak where they were made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def scrub(text: str) -> str:
+    """Machine-specific paths -> placeholders."""
+    text = re.sub(r"/[^\s'\"]*/site-packages/", "<site-packages>/", text)
+    text = text.replace(str(REPO), "<repo>")
+    return text.replace(str(Path.home()), "~")
+
+
+def scrub_outputs(nb) -> None:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = scrub(out["text"])
+            for mime, value in out.get("data", {}).items():
+                if isinstance(value, str) and not mime.startswith("image/"):
+                    out["data"][mime] = scrub(value)
+
+
+def execute(path: Path, timeout: int = 900) -> float:
+    nb = nbformat.read(path, as_version=4)
+    os.environ["SPECDEC_QUICK"] = "1"
+    t0 = time.perf_counter()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
+                   store_widget_state=True).execute()
+    scrub_outputs(nb)
+    nbformat.write(nb, path)
+    return time.perf_counter() - t0
+
+
+def main(names: list[str]) -> None:
+    paths = [HERE / f"{n}.ipynb" for n in names] if names else sorted(HERE.glob("[0-9]*.ipynb"))
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        sys.exit(f"No chapter {', '.join(missing)} in {HERE}.")
+    failed = []
+    for path in paths:
+        try:
+            print(f"{path.name}: {execute(path):.0f} s", flush=True)
+        except Exception as e:  # report, and go on with the other chapters
+            print(f"{path.name}: FAILED, stored notebook left as it was\n{e}", flush=True)
+            failed.append(path.name)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,95 @@
+"""The chapters as files: what nbval cannot see for itself.
+
+nbval (`make test` runs it on notebooks/ in quick mode) compares each cell's
+fresh output with the stored one, but it silently skips cells that were never
+executed, and it cannot tell a chapter that re-implements the library from
+one that imports it. These fast checks read the stored notebooks.
+"""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import specdec_learn
+
+nbformat = pytest.importorskip("nbformat", reason="the book extra is not installed: `make setup`")
+yaml = pytest.importorskip("yaml", reason="the book extra is not installed: `make setup`")
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def library_names() -> set[str]:
+    """Every function and class defined in specdec_learn's modules."""
+    import importlib
+    import pkgutil
+
+    names = set()
+    for mod in pkgutil.walk_packages(specdec_learn.__path__, "specdec_learn."):
+        try:
+            module = importlib.import_module(mod.name)
+        except Exception:  # optional back ends (vLLM, training) may not import here
+            continue
+        names |= {n for n, obj in vars(module).items()
+                  if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", "") == mod.name}
+    return names
+
+
+def test_there_are_chapters():
+    assert len(CHAPTERS) >= 5, f"expected the chapters in notebooks/, found {[c.name for c in CHAPTERS]}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_cell_was_executed_cleanly(path):
+    """nbval skips never-executed cells: a stored notebook must have run top to bottom."""
+    nb = nbformat.read(path, as_version=4)
+    counts = [c.execution_count for c in code_cells(nb)]
+    assert None not in counts, f"{path.name}: cells {[i for i, n in enumerate(counts) if n is None]} were never executed; run notebooks/execute.py"
+    assert counts == sorted(counts), f"{path.name}: cells ran out of order {counts}"
+    errors = [o for c in code_cells(nb) for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{path.name}: stored outputs hold an error: {errors[0].get('ename')}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_shape(path):
+    """Imports the library, reads quick mode, uses nbval tags not comments, ends with a summary and exercises."""
+    nb = nbformat.read(path, as_version=4)
+    source = "\n".join(c.source for c in nb.cells)
+    assert "import specdec_learn as sd" in source
+    assert 'os.environ.get("SPECDEC_QUICK")' in source, "every chapter must honour quick mode"
+    assert not re.search(r"#\s*NBVAL_", source), "use the nbval-* cell tags, not comments (they show in the book)"
+    assert "## Summary" in source and "## Exercises" in source
+    solutions = [i for i, c in enumerate(nb.cells) if "hide-input" in c.metadata.get("tags", [])]
+    assert solutions, "an exercise needs a solution hidden behind 'hide-input'"
+    for i in solutions:
+        assert nb.cells[i].metadata.get("jupyter", {}).get("source_hidden"), "solutions start collapsed in Jupyter too"
+        check = nb.cells[i + 1]
+        assert check.cell_type == "code" and "assert" in check.source, "every solution is followed by a check cell"
+        assert check.outputs and "Correct" in "".join(o.get("text", "") for o in check.outputs)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_does_not_redefine_the_library(path):
+    nb = nbformat.read(path, as_version=4)
+    defined = {m for c in code_cells(nb) for m in re.findall(r"^(?:def|class)\s+(\w+)", c.source, flags=re.M)}
+    clash = defined & library_names()
+    assert not clash, f"{path.name} redefines {sorted(clash)}: import them from specdec_learn instead"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_outputs_hold_no_machine_paths(path):
+    text = path.read_text()
+    for leak in (str(ROOT), str(Path.home()) + "/", "site-packages/"):
+        assert leak not in text, f"{path.name} stores {leak!r} in its outputs; run notebooks/execute.py, which scrubs them"
+
+
+def test_toc_lists_exactly_the_chapters():
+    toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
+    listed = [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+    assert listed == [f"chapters/{p.stem}" for p in CHAPTERS], "book/_toc.yml and notebooks/ disagree"
