@@ -36,6 +36,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=["native", "vllm"], default="native",
+                   help="native: the readable loop; vllm: the same recipe through vLLM (its own environment: make vllm-env)")
+    p.add_argument("--vllm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option for vllm.LLM, e.g. tensor_parallel_size=2 (repeatable; values read as JSON)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
     b.add_argument("--json", default=None, help="write the results here")
+    b.add_argument("--batch-size", type=int, default=1, help="prompts per vLLM call (--backend vllm only)")
     b.add_argument("--plot", default=None, help="save the figures here (e.g. bench.png)")
     b.add_argument("--no-progress", action="store_true")
 
@@ -57,14 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="ar", choices=METHODS)
     g.add_argument("--k", type=int, default=3)
+    _add_train_parser(sub)
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "train":
+            return _train(args)
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         if args.command == "bench":
             return _bench(args, sampling)
         return _generate(args, sampling)
-    except (ValueError, FileNotFoundError, PermissionError) as err:
+    except (ValueError, FileNotFoundError, PermissionError, ModuleNotFoundError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
 
@@ -75,11 +83,21 @@ def _bench(args, sampling) -> int:
     if unknown:
         raise ValueError(f"Unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}.")
     prompts = load_workload(args.workload, n=args.prompts)
-    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
-    records = bench_mod.bench(
-        target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress
-    )
+    if args.backend == "vllm":
+        from . import vllm_backend
+
+        target = None
+        records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
+                                     args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
+    else:
+        if args.batch_size != 1:
+            raise ValueError("The readable loop decodes one prompt at a time: --batch-size needs --backend vllm.")
+        target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+        records = bench_mod.bench(
+            target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress
+        )
     info = bench_mod.machine_info(target)
+    info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
     print(f"\n{args.model} · {info['dtype']} · {info['cpu']} ({info['torch_threads']} threads) · "
           f"{len(prompts)} {args.workload} prompts · {args.max_new_tokens} new tokens")
     print(bench_mod.format_table(records))
@@ -97,7 +115,25 @@ def _bench(args, sampling) -> int:
     return 0
 
 
+def _vllm_options(args) -> dict:
+    """--vllm-option KEY=VALUE pairs -> keyword arguments for vllm.LLM (values parsed as JSON when they can be)."""
+    import json
+
+    options = {}
+    for item in args.vllm_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--vllm-option takes KEY=VALUE, e.g. tensor_parallel_size=2; got {item!r}.")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 def _generate(args, sampling) -> int:
+    if args.backend == "vllm":
+        return _generate_vllm(args, sampling)
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
     drafter = make_drafter(args.method, target, draft=args.draft)
     out = generate(target, args.prompt, drafter, k=args.k, max_new_tokens=args.max_new_tokens,
@@ -106,6 +142,55 @@ def _generate(args, sampling) -> int:
     s = out.stats
     print(f"\n[{args.method} k={args.k if drafter else 0}] {s.num_output_tokens} tokens, {s.tok_per_s:.1f} tok/s, "
           f"mean acceptance length {s.mean_acceptance_length:.2f}", file=sys.stderr)
+    return 0
+
+
+def _generate_vllm(args, sampling) -> int:
+    from .vllm_backend import VllmEngine
+
+    with VllmEngine(args.model, args.method, args.k, args.draft, args.dtype, args.seed, args.cache_dir,
+                    **_vllm_options(args)) as engine:
+        out = engine.generate(args.prompt, args.max_new_tokens, sampling, args.seed)
+    print(out.text)
+    s = out.stats
+    print(f"\n[vLLM {args.method} k={engine.k}] {s.num_output_tokens} tokens, {s.tok_per_s:.1f} tok/s, "
+          f"mean acceptance length {s.mean_acceptance_length:.2f}", file=sys.stderr)
+    return 0
+
+
+
+def _add_train_parser(sub) -> None:
+    t = sub.add_parser("train", help="train a learned drafter on the target's own answers (CPU is enough)")
+    t.add_argument("method", choices=["eagle3", "dflash", "dspark"])
+    t.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
+    t.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16", help="target dtype for data and taps")
+    t.add_argument("--device", default=None)
+    t.add_argument("--data-dir", default=None, help="default: $SPECDEC_CACHE/data/<target>")
+    t.add_argument("--out", default=None, help="where the drafter goes (default: ./eagle3-<target>)")
+    t.add_argument("--generate-minutes", type=float, default=0.0, help="first let the target answer prompts this long")
+    t.add_argument("--budget-minutes", type=float, default=None, help="training time budget")
+    t.add_argument("--steps", type=int, default=None, help="training step budget")
+    t.add_argument("--draft-vocab", type=int, default=4096)
+    t.add_argument("--ttt-steps", type=int, default=3)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-progress", action="store_true")
+
+
+def _train(args) -> int:
+    if args.method in ("dflash", "dspark"):  # the block drafters' recipes read the same arguments
+        from importlib import import_module
+
+        return import_module(f".train.{args.method}", __package__).cli(args)
+    from .train import eagle3 as recipe
+
+    if args.budget_minutes is None and args.steps is None:
+        raise ValueError("Give a budget: --budget-minutes N or --steps N (training runs until one is spent).")
+    target = load(args.target, dtype=args.dtype, device=args.device)
+    cfg = recipe.TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, max_steps=args.steps,
+                             budget_minutes=args.budget_minutes, seed=args.seed)
+    recipe.run(target, args.data_dir, args.out, args.draft_vocab, args.generate_minutes, cfg=cfg,
+               progress=not args.no_progress)
     return 0
 
 
