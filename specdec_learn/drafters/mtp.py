@@ -1,0 +1,483 @@
+"""Native multi-token prediction (MTP): extra layers that live inside the target.
+
+DeepSeek-V3, Qwen3-Next and Qwen3.5 were trained with one (or a few) extra
+decoder layers after the main stack. Layer j learns to predict token t+j+2
+from two things: the embedding of token t+j+1 and a hidden state of position
+t (the target's for j = 0, layer j-1's output after that). At inference the
+same layers draft: no second model, no extra training.
+
+One MTP step, in the Qwen3.5 / Qwen3-Next layout (checkpoint keys ``mtp.*``)::
+
+    e = pre_fc_norm_embedding(Emb(tok))            # [n, H]
+    h = pre_fc_norm_hidden(h_prev)                 # [n, H]
+    x = fc(cat[e, h])                              # [n, 2H] -> [n, H], embedding FIRST
+    x = layers[step % n_layers](x)                 # a full-attention decoder layer
+    out = norm(x); logits = lm_head(out)           # `out` is the next step's h_prev
+
+and in the DeepSeek-V3 layout (checkpoint keys ``model.layers.{L+j}.*``, L =
+num_hidden_layers): ``enorm``, ``hnorm``, ``eh_proj``, the block, then
+``shared_head.norm`` / ``shared_head.head``; there the PRE-norm x is fed back,
+and each layer has its own norms and projection.
+
+Inputs (as vLLM pairs them):
+* step 0 pairs the target hidden state at position t with token t+1;
+* step s > 0 feeds back the previous step's output with the draft it produced;
+* k larger than the number of MTP layers reuses them, layer ``s % n`` at step
+  s (vLLM does the same and warns that acceptance drops: the layers were never
+  trained that deep).
+
+Which target hidden state: the one AFTER the target's final norm. vLLM hands
+its MTP proposer the model's output, which is post-norm (methods.md §9, open
+question 3, decided here); HF's ``MtpCandidateGenerator`` uses
+``hidden_states[-1]``, which is also post-norm. Our tap L is pre-norm, so the
+drafter applies ``target.final_norm`` itself.
+
+Each MTP layer is a real attention layer with its own KV cache over the
+positions it has seen. Layer j's cache holds every position t whose input
+token t+j+1 is committed (teacher forcing, as in training: HF's ``MtpModel``
+keeps the same complete caches). Drafting extends the caches with positions
+that use draft tokens; those entries are cropped before the next round.
+
+The weights load straight from a target checkpoint directory
+(`load_mtp`), so a Qwen3.5 model's own MTP layers work unchanged; a target
+without MTP weights gets an error that says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..sampling import probabilities, sample
+from ..target import crop_cache
+from .base import Drafter, Proposal
+
+LAYOUTS = ("qwen3_next", "deepseek_v3")
+
+
+class MTPStep(nn.Module):
+    """One MTP layer with the pieces around it: norms, projection, head.
+
+    In the Qwen layout the norms, `fc` and the output norm are shared by every
+    step (the same module objects); in the DeepSeek layout each step owns them.
+    """
+
+    def __init__(self, enorm, hnorm, proj, layer, out_norm, head, feed_back_normed: bool):
+        super().__init__()
+        self.enorm, self.hnorm, self.proj = enorm, hnorm, proj
+        self.layer, self.out_norm, self.head = layer, out_norm, head
+        self.feed_back_normed = feed_back_normed  # Qwen: norm(x) is fed back; DeepSeek: x
+
+    def forward(self, e, h, position_embeddings, mask, cache):
+        """e, h: [1, n, H] -> (logits [1, n, V], next h_prev [1, n, H])."""
+        x = self.proj(torch.cat([self.enorm(e), self.hnorm(h)], dim=-1))  # [1, n, 2H] -> [1, n, H]
+        x = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, past_key_values=cache)
+        out = self.out_norm(x)
+        return self.head(out), (out if self.feed_back_normed else x)
+
+
+class MTPHead(nn.Module):
+    """The MTP layers of one target, in either published layout."""
+
+    def __init__(self, target, num_layers: int, layout: str = "qwen3_next"):
+        super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"Unknown MTP layout {layout!r}: choose from {', '.join(LAYOUTS)}.")
+        if num_layers < 1:
+            raise ValueError(f"An MTP head needs at least one layer, got num_layers={num_layers}.")
+        self.layout, self.num_layers = layout, num_layers
+        self.chain_depth: int | None = None  # set for recursively trained heads (see MTPDrafter)
+        H = target.hidden_size
+        norm_cls, eps = type(target.final_norm), target.config.rms_norm_eps
+        layers = nn.ModuleList(_decoder_layer(target, j, num_layers) for j in range(num_layers))
+        if layout == "qwen3_next":
+            self.pre_fc_norm_embedding = norm_cls(H, eps=eps)
+            self.pre_fc_norm_hidden = norm_cls(H, eps=eps)
+            self.fc = nn.Linear(2 * H, H, bias=False)
+            self.layers = layers
+            self.norm = norm_cls(H, eps=eps)
+            steps = [
+                MTPStep(self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.fc, layer, self.norm,
+                        target.lm_head, feed_back_normed=True)
+                for layer in layers
+            ]
+        else:  # deepseek_v3: every layer carries its own enorm / hnorm / eh_proj / shared_head
+            self.layers = nn.ModuleList(_DeepSeekLayer(norm_cls(H, eps=eps), norm_cls(H, eps=eps),
+                                                       nn.Linear(2 * H, H, bias=False), layer, norm_cls(H, eps=eps))
+                                        for layer in layers)
+            steps = [
+                MTPStep(m.enorm, m.hnorm, m.eh_proj, m.mtp_block, m.shared_head_norm, target.lm_head,
+                        feed_back_normed=False)
+                for m in self.layers
+            ]
+        self._steps = steps  # plain list: the modules are already registered above
+        self._embed = [target.embed_tokens]  # the target's, not a parameter of this head
+
+    def step(self, j: int) -> MTPStep:
+        return self._steps[j]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._embed[0](tokens)
+
+    # -- the published checkpoint names --------------------------------------
+    def checkpoint_state_dict(self, target) -> dict[str, torch.Tensor]:
+        """Our weights under the names the published checkpoints use.
+
+        DeepSeek-V3 files also repeat the target's embedding and head inside
+        every MTP layer (``embed_tokens``, ``shared_head.head``); so do we.
+        """
+        L = target.num_layers
+        out = {_to_checkpoint_name(name, self.layout, L): t for name, t in _split_experts(self.state_dict()).items()}
+        if self.layout == "deepseek_v3":
+            for j in range(self.num_layers):
+                out[f"model.layers.{L + j}.embed_tokens.weight"] = target.embed_tokens.weight
+                out[f"model.layers.{L + j}.shared_head.head.weight"] = target.lm_head.weight
+        return out
+
+    def load_checkpoint_state_dict(self, tensors: dict[str, torch.Tensor], num_target_layers: int) -> None:
+        ours = {}
+        for name, tensor in _fuse_experts(tensors).items():
+            if name.endswith(("shared_head.head.weight", "embed_tokens.weight")):
+                continue  # DeepSeek repeats the target's head and embedding per MTP layer: we use the target's
+            ours[_from_checkpoint_name(name, self.layout, num_target_layers)] = tensor
+        try:
+            missing, unexpected = self.load_state_dict(ours, strict=False)
+            problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
+        except RuntimeError as err:  # a shape mismatch
+            missing, problem = True, str(err).splitlines()[-1].strip()
+        if missing or unexpected:
+            raise ValueError(
+                f"The MTP weights do not match an MTP head of this target ({self.layout} layout): {problem}. "
+                "Check that the checkpoint directory belongs to this target."
+            )
+
+
+class _DeepSeekLayer(nn.Module):
+    """DeepSeek-V3's MTP layer, with its checkpoint's sub-module names."""
+
+    def __init__(self, enorm, hnorm, eh_proj, mtp_block, shared_head_norm):
+        super().__init__()
+        self.enorm, self.hnorm, self.eh_proj, self.mtp_block = enorm, hnorm, eh_proj, mtp_block
+        self.shared_head_norm = shared_head_norm
+
+
+def _decoder_layer(target, j: int, num_layers: int) -> nn.Module:
+    """A fresh decoder layer of the target's own class, sitting at index L + j.
+
+    At index L + j it gets what an MTP layer is in the published models: full
+    attention (Qwen3.5 alternates linear and full attention in the main stack)
+    and, for DeepSeek-V3, the MoE MLP of the deep layers. Each MTP layer keeps
+    its own one-layer KV cache, so its attention reads cache slot 0.
+    """
+    cfg = copy.deepcopy(target.config)
+    L = target.num_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = list(cfg.layer_types) + ["full_attention"] * num_layers
+    cfg.num_hidden_layers = L + num_layers
+    layer = type(target.decoder.layers[-1])(cfg, L + j)
+    for module in layer.modules():
+        if hasattr(module, "layer_idx"):
+            module.layer_idx = 0
+    return layer.to(device=target.device, dtype=target.dtype)
+
+
+def _split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers fuses MoE experts (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj
+    [E, H, I]``); the published checkpoints store one ``experts.{e}.{gate,up,down}_proj.weight`` each."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("experts.gate_up_proj"):
+            base, inter = name.removesuffix("gate_up_proj"), t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter]
+                out[f"{base}{e}.up_proj.weight"] = t[e, inter:]
+        elif name.endswith("experts.down_proj"):
+            base = name.removesuffix("down_proj")
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
+
+
+def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_split_experts`: per-expert checkpoint tensors -> transformers' fused ones."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        match = re.match(r"(.*experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", name)
+        if match is None:
+            out[name] = t
+            continue
+        base, e, proj = match.group(1), int(match.group(2)), match.group(3)
+        experts.setdefault(base, {}).setdefault(proj, {})[e] = t
+    for base, projs in experts.items():
+        def stack(proj):
+            return torch.stack([projs[proj][e] for e in sorted(projs[proj])])
+        out[base + "gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)  # [E, 2I, H]
+        out[base + "down_proj"] = stack("down_proj")  # [E, H, I]
+    return out
+
+
+def _to_checkpoint_name(name: str, layout: str, L: int) -> str:
+    if layout == "qwen3_next":
+        return "mtp." + name
+    j, rest = name.removeprefix("layers.").split(".", 1)  # layers.{j}.<rest>
+    rest = rest.removeprefix("mtp_block.").replace("shared_head_norm.", "shared_head.norm.")
+    return f"model.layers.{L + int(j)}.{rest}"
+
+
+def _from_checkpoint_name(name: str, layout: str, L: int) -> str:
+    if layout == "qwen3_next":
+        return name.removeprefix("mtp.")
+    n, rest = name.removeprefix("model.layers.").split(".", 1)
+    rest = rest.replace("shared_head.norm.", "shared_head_norm.")
+    if not rest.startswith(("enorm.", "hnorm.", "eh_proj.", "shared_head_norm.", "mtp_block.")):
+        rest = "mtp_block." + rest  # the published files keep the block weights at the layer's top level
+    return f"layers.{int(n) - L}.{rest}"
+
+
+# -- loading from a target checkpoint -------------------------------------------
+def mtp_config(checkpoint_dir) -> tuple[str, int]:
+    """(layout, number of MTP layers) from a checkpoint's config.json; (layout, 0) when it has none."""
+    cfg = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    configs = [cfg, cfg.get("text_config") or {}]
+    for c in configs:  # Qwen3.5 names it mtp_num_hidden_layers (in text_config for the VL checkpoints)
+        if c.get("mtp_num_hidden_layers"):
+            return "qwen3_next", int(c["mtp_num_hidden_layers"])
+    for c in configs:  # Qwen3-Next and DeepSeek-V3 both say num_nextn_predict_layers
+        if c.get("num_nextn_predict_layers"):
+            layout = "deepseek_v3" if c.get("model_type", "").startswith("deepseek") else "qwen3_next"
+            return layout, int(c["num_nextn_predict_layers"])
+    return "qwen3_next", 0
+
+
+def read_mtp_tensors(checkpoint_dir, layout: str, num_target_layers: int) -> dict[str, torch.Tensor]:
+    """Every MTP tensor in the checkpoint's safetensors files (the main model's are skipped)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if _is_mtp_name(name, layout, num_target_layers):
+                    tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def _is_mtp_name(name: str, layout: str, L: int) -> bool:
+    if layout == "qwen3_next":
+        return name.startswith("mtp.")
+    if not name.startswith("model.layers."):
+        return False
+    return int(name.split(".")[2]) >= L
+
+
+def load_mtp(checkpoint_dir, target) -> MTPHead:
+    """The MTP head stored inside a target checkpoint directory (safetensors + config.json)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "config.json").exists():
+        raise FileNotFoundError(f"{checkpoint_dir} has no config.json: give the target's checkpoint directory.")
+    layout, n = mtp_config(checkpoint_dir)
+    tensors = read_mtp_tensors(checkpoint_dir, layout, target.num_layers) if n else {}
+    if not n or not tensors:
+        raise ValueError(
+            f"The target checkpoint {checkpoint_dir} has no MTP weights (its config declares "
+            f"{n} MTP layers and its files hold {len(tensors)} MTP tensors), so native MTP cannot draft "
+            "for it. Use a checkpoint trained with MTP (Qwen3.5, Qwen3-Next, DeepSeek-V3), a grafted MTP "
+            "head (method 'mtp' on smollm2-135m ships one), or another method."
+        )
+    head = MTPHead(target, n, layout)
+    head.load_checkpoint_state_dict(tensors, target.num_layers)
+    head.chain_depth = json.loads((checkpoint_dir / "config.json").read_text()).get("mtp_chain_depth")
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+SHIPPED = {"smollm2-135m": "mtp-smollm2-135m"}  # target name -> grafted head under checkpoints/
+
+
+def mtp_checkpoint(target) -> Path:
+    """Where `target`'s MTP weights live: its own checkpoint directory, or the graft this package ships."""
+    name = Path(str(target.name))
+    if (name / "config.json").is_file():
+        return name  # a local checkpoint: native MTP reads the target's own files
+    folder = Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED.get(name.name, "-")
+    if not (folder / "config.json").is_file():
+        raise ValueError(
+            f"Target {target.name!r} is not a local checkpoint directory and no MTP head is shipped for it: "
+            "pass draft=<a checkpoint directory with MTP weights> (CLI: --draft), or train a graft "
+            "with `python -m specdec_learn.train.mtp`."
+        )
+    return folder
+
+
+def save_mtp(head: MTPHead, checkpoint_dir, target, config_extra: dict | None = None, dtype=None) -> Path:
+    """Write `head` into `checkpoint_dir` as ``mtp.safetensors`` under the published names.
+
+    The layer count goes into config.json the way the layout's models say it
+    (``mtp_num_hidden_layers`` for Qwen3.5, ``num_nextn_predict_layers``
+    otherwise), so `load_mtp` reads it back like a real checkpoint.
+    """
+    from safetensors.torch import save_file
+
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", dtype or v.dtype).clone().contiguous()
+               for k, v in head.checkpoint_state_dict(target).items()}
+    save_file(tensors, str(checkpoint_dir / "mtp.safetensors"))
+    cfg_path = checkpoint_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    key = "num_nextn_predict_layers" if head.layout == "deepseek_v3" else "mtp_num_hidden_layers"
+    cfg[key] = head.num_layers
+    cfg.update(config_extra or {})
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return checkpoint_dir
+
+
+# -- the drafter ------------------------------------------------------------------
+class MTPDrafter(Drafter):
+    """Drafts with the target's MTP layers: k steps, layer `s % n` at step s.
+
+    depth: how many chained steps keep a cache of their own over the committed
+    positions (teacher-forced, as in training). Default: the number of MTP
+    layers, as published. A head trained recursively, one layer applied K
+    times (FastMTP, our SmolLM2 graft), sets depth=K so that inference sees
+    what training saw; steps past `depth` reuse a slot as vLLM does.
+    """
+
+    name = "mtp"
+
+    def __init__(self, head: MTPHead, target, depth: int | None = None):
+        self.head = head.eval()
+        self.n = depth or getattr(head, "chain_depth", None) or head.num_layers  # chained slots
+        if self.n < head.num_layers:
+            raise ValueError(f"depth={self.n} is below the head's {head.num_layers} MTP layers.")
+        self.taps = (target.num_layers,)  # tap L: the last layer's output (we apply the final norm)
+        self.target = target
+
+    def start(self, target, state, hidden) -> None:
+        self.target = target
+        self.caches = [DynamicCache() for _ in range(self.n)]  # step j's K/V over positions 0..len_j-1
+        H = target.hidden_size
+        # pending[j]: layer j's hidden inputs for the committed positions it has not run yet
+        self.pending = [torch.empty(1, 0, H, device=target.device, dtype=target.dtype) for _ in range(self.n)]
+        self._receive(hidden[target.num_layers])
+
+    def observe(self, state, accepted, hidden) -> None:
+        self._receive(hidden[self.target.num_layers])
+
+    @torch.inference_mode()
+    def _receive(self, h_last: torch.Tensor) -> None:
+        """New target rows (tap L, [n, H]) for newly committed positions -> layer 0's queue."""
+        h = self.target.final_norm(h_last)[None]  # [1, n, H], post-norm (see the module docstring)
+        self.pending[0] = torch.cat([self.pending[0], h], dim=1)
+
+    @torch.inference_mode()
+    def propose(self, state, k, sampling, generator) -> Proposal:
+        T = len(state.ids) - 1  # positions in the target cache; x_T = state.ids[-1] is `last`
+        outputs = self._catch_up(state.ids, T)
+        if outputs is None:  # a one-token prompt: no target hidden state to start from
+            return Proposal([])
+        committed = [c.get_seq_length() for c in self.caches]
+        tokens, qs = [], []
+        logits, last = outputs  # step 0: layer 0's logits and output at position T-1 (from the catch-up)
+        chain = last[:, :0]  # the outputs of the step before, for the positions that used drafts
+        for s in range(k):
+            if sampling.greedy:
+                tokens.append(int(logits.argmax()))
+            else:
+                q = probabilities(logits, sampling)  # [V]
+                tokens.append(sample(q, generator))
+                qs.append(q)
+            if s == k - 1:
+                break
+            j = (s + 1) % self.n
+            if s + 1 < self.n:
+                # Layer j ran every position up to T-1-j with committed tokens; its last j
+                # positions (T-j..T-1) take the drafts d1..dj as their tokens, and layer j-1's
+                # outputs there: one row from the catch-up, the rest from the step before.
+                h_in = torch.cat([self.pending[j], chain], dim=1)  # [1, <=j, H]
+                logits_all, chain = self._run(j, h_in, tokens[-h_in.shape[1] :])
+                last = chain[:, -1:]
+            else:
+                # Past the trained depth: reuse layer j, one more position after its end (as vLLM).
+                logits_all, last = self._run(j, last, tokens[-1:])
+            logits = logits_all[0, -1]
+        for cache, n in zip(self.caches, committed):
+            crop_cache(cache, n)  # forget the positions that used draft tokens
+        return Proposal(tokens, torch.stack(qs) if qs else None)
+
+    def _catch_up(self, ids: list[int], T: int):
+        """Run each layer over the committed positions it has not seen (teacher forcing).
+
+        Layer j at position t reads token x_{t+j+1}, so it can run up to
+        t = T-1-j with committed tokens. Its outputs queue up as layer j+1's
+        inputs. Returns layer 0's (logits at T-1, output at T-1), or None.
+        """
+        result = None
+        for j in range(self.n):
+            start = self.caches[j].get_seq_length()
+            m = min(T - j - start, self.pending[j].shape[1])
+            if m <= 0:
+                continue
+            step_tokens = ids[start + j + 1 : start + j + 1 + m]
+            logits, out = self._run(j, self.pending[j][:, :m], step_tokens)
+            self.pending[j] = self.pending[j][:, m:]
+            if j + 1 < self.n:
+                self.pending[j + 1] = torch.cat([self.pending[j + 1], out], dim=1)
+            if j == 0:
+                result = (logits[0, -1], out[:, -1:])
+        if result is None and T > 0:
+            raise RuntimeError("MTP drafter fell out of step with the target: call start() before propose().")
+        return result
+
+    def _run(self, j: int, h_in: torch.Tensor, tokens: list[int]):
+        """Layer j over len(tokens) new positions after its cache -> (logits [1, n, V], h [1, n, H])."""
+        cache = self.caches[j]
+        past, n = cache.get_seq_length(), len(tokens)
+        device = h_in.device
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)  # [1, n]
+        e = self.head.embed(ids)  # [1, n, H]
+        positions = torch.arange(past, past + n, device=device)[None]  # [1, n]
+        if self.head.layout == "deepseek_v3" and past == 0:
+            e[:, 0] = 0  # vLLM zeroes the embedding at position 0 for DeepSeek MTP
+        pe = _rotary(self.target, e, positions)
+        mask = _causal_mask(past, n, e.dtype, device)
+        return self.head.step(j % self.head.num_layers)(e, h_in, pe, mask, cache)
+
+
+def _rotary(target, x: torch.Tensor, positions: torch.Tensor):
+    """The target's rotary embedding (cos, sin) at `positions` [1, n]."""
+    rotary = target.decoder.rotary_emb
+    if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
+        positions = positions[None].expand(3, 1, -1)
+    return rotary(x, positions)
+
+
+def _causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
+    mask = torch.zeros(n, past + n, dtype=dtype, device=device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def random_mtp_head(target, num_layers: int = 1, layout: str = "qwen3_next", seed: int = 0) -> MTPHead:
+    """An untrained head (for tests and as the starting point of a graft).
+
+    Norm weights start at the identity of the target's norm class (1, or 0 for
+    zero-centred norms), linear weights small and random.
+    """
+    torch.manual_seed(seed)
+    head = MTPHead(target, num_layers, layout)
+    H = target.hidden_size
+    for name, p in head.named_parameters():
+        if p.ndim >= 2:
+            nn.init.normal_(p, std=1 / math.sqrt(H))
+    return head.to(device=target.device, dtype=target.dtype).eval()

@@ -1,0 +1,133 @@
+"""The Gemma 4 assistant: lossless, reads (never grows) the target's KV cache, HF format round trip."""
+
+import pytest
+import torch
+from conftest import tiny_target
+
+import specdec_learn as sd
+from specdec_learn.drafters.gemma4_mtp import (
+    Gemma4AssistantDrafter,
+    load_gemma4_assistant,
+    random_assistant,
+    shared_kv_layers,
+)
+from specdec_learn.sampling import GREEDY, Sampling
+from specdec_learn.target import Target
+
+KS = (1, 3, 5, 7)
+SAMPLED = Sampling(temperature=1.0)
+
+
+@pytest.mark.slow
+def test_assistant_greedy_parity_real_prompts(target, real_prompts, ar_greedy_40):
+    assistant = random_assistant(target, hidden_size=64, num_layers=2)
+    for i, (prompt, ar) in enumerate(zip(real_prompts, ar_greedy_40)):
+        k = KS[i % len(KS)]
+        out = sd.generate(target, prompt, Gemma4AssistantDrafter(assistant, target), k=k, max_new_tokens=40)
+        assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
+
+
+def started(target, drafter, ids):
+    state, out = target.prefill(ids, drafter.taps)
+    drafter.start(target, state, out.hidden)
+    return state
+
+
+def draft_q(drafter, state, k=4):
+    return drafter.propose(state, k, SAMPLED, torch.Generator().manual_seed(0)).q
+
+
+def test_assistant_reads_the_target_cache_and_never_grows_it():
+    target = tiny_target(hidden=64)
+    drafter = Gemma4AssistantDrafter(random_assistant(target, hidden_size=32, num_layers=2), target)
+    state = started(target, drafter, list(range(5, 25)))
+    layer = state.cache.layers[shared_kv_layers(target)["full_attention"]]
+    keys_before, length_before = layer.keys.clone(), state.cache.get_seq_length()
+
+    q = draft_q(drafter, state, k=6)
+    assert state.cache.get_seq_length() == length_before  # 6 draft steps wrote nothing
+    assert torch.equal(layer.keys, keys_before)
+
+    layer.keys = keys_before + 0.5 * torch.randn_like(keys_before)  # perturb the target's cache only
+    q_perturbed = draft_q(drafter, state, k=6)
+    assert not torch.allclose(q, q_perturbed, atol=1e-4)
+    # ...and only through the cache: restoring it restores the drafts
+    layer.keys = keys_before
+    torch.testing.assert_close(draft_q(drafter, state, k=6), q)
+
+
+def test_assistant_uses_the_last_cache_layer_of_a_single_type_target():
+    target = tiny_target(layers=3)
+    assert shared_kv_layers(target) == {"full_attention": 2, "sliding_attention": 2}
+
+
+def test_incremental_state_equals_from_scratch():
+    """After rounds with various acceptance, the fed-back target state is the one a fresh
+    drafter derives from the whole sequence."""
+    target = tiny_target(hidden=64)
+    assistant = random_assistant(target, hidden_size=32, num_layers=2)
+    drafter = Gemma4AssistantDrafter(assistant, target)
+    state = started(target, drafter, list(range(5, 17)))
+    for n in [0, 2, 3, 0, 1]:
+        drafts = drafter.propose(state, 3, GREEDY, None).tokens
+        out = target.verify(state, drafts, drafter.taps)
+        target.commit(state, drafts[:n] + [int(out.logits[n].argmax())])
+        drafter.observe(state, n, {t: h[: n + 1] for t, h in out.hidden.items()})
+    fresh = Gemma4AssistantDrafter(assistant, target)
+    fresh_state = started(target, fresh, state.ids)
+    torch.testing.assert_close(draft_q(drafter, state), draft_q(fresh, fresh_state), atol=1e-5, rtol=1e-4)
+
+
+def test_assistant_for_another_target_is_refused():
+    big, small = tiny_target(hidden=64), tiny_target(hidden=32)
+    with pytest.raises(ValueError, match="backbone_hidden_size"):
+        Gemma4AssistantDrafter(random_assistant(big, hidden_size=32), small)
+
+
+# -- the published format, with a tiny Gemma 4 target ------------------------------------
+def tiny_gemma4_pair(ordered_embeddings: bool):
+    """A tiny Gemma 4 target (sliding + full layers, KV-shared top layers, soft-capped logits)
+    and an assistant in the ``gemma4_assistant`` layout that reads it."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
+
+    common = dict(vocab_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                  sliding_window=64, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                  final_logit_softcapping=30.0, eos_token_id=1, bos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    target_cfg = Gemma4TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, **common,
+    )
+    target = Target(Gemma4ForCausalLM(target_cfg).eval(), None, name="tiny-gemma4")
+    text = Gemma4TextConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "full_attention"], **common,
+    )
+    extra = {}
+    if ordered_embeddings:
+        extra = dict(use_ordered_embeddings=True, num_centroids=16, centroid_intermediate_top_k=4)
+    assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=text, backbone_hidden_size=64, **extra))
+    if ordered_embeddings:  # a real checkpoint ships this permutation of the vocabulary
+        assistant.masked_embedding.token_ordering.copy_(torch.randperm(256))
+    return target, assistant.eval()
+
+
+@pytest.mark.parametrize("ordered_embeddings", [False, True], ids=["dense-logits", "centroid-logits"])
+def test_gemma4_assistant_format_round_trip(ordered_embeddings, tmp_path):
+    target, assistant = tiny_gemma4_pair(ordered_embeddings)
+    assert shared_kv_layers(target) == {"full_attention": 2, "sliding_attention": 3}
+    assistant.save_pretrained(tmp_path)
+    loaded = load_gemma4_assistant(tmp_path, target)
+    assert loaded.config.model_type == "gemma4_assistant"
+    for (name, a), b in zip(assistant.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    prompt = list(range(3, 40))
+    ar = sd.generate(target, prompt, max_new_tokens=16)
+    for k in (1, 2, 4):
+        drafter = Gemma4AssistantDrafter(loaded, target)
+        assert sd.generate(target, prompt, drafter, k=k, max_new_tokens=16).tokens == ar.tokens
+    if ordered_embeddings:  # sparse logits: only the tokens of the top centroids can be drafted
+        state = started(target, drafter, prompt)
+        q = draft_q(drafter, state, k=1)[0]
+        assert 0 < int((q > 0).sum()) <= 4 * 256 // 16
