@@ -10,15 +10,19 @@ from __future__ import annotations
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter
 from .target import Target
 
-METHODS = ("ar", "ngram", "draft_model")
+METHODS = ("ar", "ngram", "draft_model", "eagle3", "mtp", "gemma4_mtp", "dflash", "dspark")
 
 
-def make_drafter(method: str, target: Target, draft: str | None = None, ngram=(1, 4)) -> Drafter | None:
+def make_drafter(
+    method: str, target: Target, draft: str | None = None, ngram=(1, 4), markov: bool = True, gate: float | None = None
+) -> Drafter | None:
     """The drafter for `method` (None for "ar", plain decoding).
 
     draft: for "draft_model", a model name/path sharing the target's tokenizer,
     or "target" to let the target draft for itself (every draft accepted: an
     upper bound on acceptance that costs a full extra model).
+    markov, gate: for "dspark", the Markov head on/off and the confidence
+    gate's survival threshold (None = submit every draft).
     """
     if method == "ar":
         return None
@@ -36,4 +40,26 @@ def make_drafter(method: str, target: Target, draft: str | None = None, ngram=(1
 
         model, _ = load_hf(draft, dtype=target.dtype, device=str(target.device))
         return DraftModelDrafter(model, target)
+    if method == "eagle3":  # the shipped drafter for the target, or draft=<speculators folder>
+        from .drafters.eagle3 import Eagle3Drafter, load_eagle3, shipped_checkpoint
+
+        return Eagle3Drafter(load_eagle3(draft or shipped_checkpoint(target), target), target)
+    if method == "mtp":  # the target checkpoint's own MTP layers, the shipped graft, or draft=<directory>
+        from .drafters.mtp import MTPDrafter, load_mtp, mtp_checkpoint
+
+        return MTPDrafter(load_mtp(draft or mtp_checkpoint(target), target), target)
+    if method == "gemma4_mtp":  # draft=<gemma4_assistant directory>, or the shipped assistant
+        from .drafters.gemma4_mtp import Gemma4AssistantDrafter, assistant_checkpoint, load_gemma4_assistant
+
+        return Gemma4AssistantDrafter(load_gemma4_assistant(draft or assistant_checkpoint(target), target), target)
+    if method == "dflash":  # the shipped drafter for the target, or draft=<z-lab folder>
+        from .drafters.dflash import DFlashDrafter, load_dflash, shipped_checkpoint
+
+        return DFlashDrafter(load_dflash(draft or shipped_checkpoint(target, "dflash"), dtype=target.dtype))
+    if method == "dspark":  # the shipped drafter, or draft=<DeepSpec or speculators folder>
+        from .drafters.dflash import shipped_checkpoint
+        from .drafters.dspark import DSparkDrafter, load_dspark
+
+        model = load_dspark(draft or shipped_checkpoint(target, "dspark"), dtype=target.dtype)
+        return DSparkDrafter(model, markov=markov and model.markov_head is not None, gate=gate)
     raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")

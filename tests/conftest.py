@@ -44,3 +44,16 @@ def tiny_llama(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def ar_greedy_40(target, real_prompts):
+    """Plain greedy decoding of `real_prompts`, 40 new tokens each: the reference for parity tests."""
+    return [sd.generate(target, p, max_new_tokens=40) for p in real_prompts]
+
+
+def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: int = 2):
+    """A tokenizer-less Target around `tiny_llama` (prompts are token ids)."""
+    from specdec_learn.target import Target
+
+    return Target(tiny_llama(vocab_size, seed=seed, hidden=hidden, layers=layers), None, name="tiny-llama")

@@ -1,0 +1,411 @@
+"""DFlash: draft a whole block of tokens in ONE forward pass.
+
+Every other drafter in this library guesses one token at a time. DFlash
+(z-lab) guesses a block at once, the way a diffusion model fills in masked
+text: the block is
+
+    [anchor, MASK, MASK, ..., MASK]        (block_size = B slots)
+
+where the anchor is the last token the loop committed (``state.ids[-1]``, the
+target's own bonus or recovered token). A few small transformer layers read
+the block and, through attention, a summary of the target's hidden states over
+everything committed so far; each MASK slot comes out holding a guess. Slot j
+guesses the token j places after the anchor, so one pass yields B - 1 drafts
+(``max_k = B - 1``).
+
+What makes it work with only a few layers:
+
+* **Target context as extra K/V in every layer.** The target's residual
+  stream at a few layers (``target_layer_ids``) is concatenated and fused,
+  ``C = hidden_norm(fc(cat taps))`` ([T, H] for the T committed tokens before
+  the anchor). In every draft layer the block attends to
+  ``K = [k_proj(C); k_proj(block)]``, ``V = [v_proj(C); v_proj(block)]``: the
+  context is never run through the draft layers, it is only looked at.
+* **No causal mask inside the block.** A MASK slot sees the whole block and
+  the whole context (layers marked ``sliding_attention`` in ``layer_types``
+  are causal and windowed, as in z-lab's code).
+* **The target's own embedding and LM head**, frozen: the draft owns only
+  ``fc``, ``hidden_norm``, its layers and a final ``norm``.
+
+Tap numbering. DFlash's "layer i" is the OUTPUT of target layer i, which is
+tap ``i + 1`` in this library (tap i = the residual stream entering layer i;
+see target.py). A drafter built from ``target_layer_ids=[1, 14, 27]`` reads
+taps (2, 15, 28).
+
+Context cache. ``k_proj(C)`` and ``v_proj(C)`` depend only on the committed
+context, never on the block, so each layer keeps them in a plain list that
+only grows: a position enters once, the round after the target committed it,
+and nothing is ever cropped (rejected drafts never reach the context).
+
+The mask token. DFlash needs a token id whose embedding means "to be
+guessed". Qwen3's vocabulary has spare rows (z-lab uses id 151669);
+SmolLM2's 49,152 rows are all real tokens. We reuse ``<empty_output>`` (id
+16), a pretraining-only special token (Jupyter notebooks) that the chat
+template never produces, so its embedding row is free to mean MASK, and the
+checkpoint stays in the unchanged z-lab format (just ``mask_token_id: 16``),
+with no extra embedding row to ship. The draft learns what that row means.
+
+Format: z-lab ``DFlashDraftModel`` (config.json + model.safetensors; see
+`load_dflash`/`save_dflash`), so ``z-lab/Qwen3-8B-DFlash-b16`` loads unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from ..sampling import probabilities, sample
+from .base import Drafter, Proposal
+
+SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """z-lab's spread of taps over the target: round(1 + i (L - 4) / (n - 1))."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    return [round(1 + i * (num_target_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [heads, n, d] by the angles of its n positions (cos, sin [n, d])."""
+    return x * cos + rotate_half(x) * sin
+
+
+def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor | None:
+    """Which keys each query may see ([nq, nk] bool), or None for "all of them".
+
+    Full-attention DFlash layers see everything (the block is not causal);
+    ``sliding_attention`` layers are causal and see only the last `window` positions.
+    """
+    if not causal and window is None:
+        return None
+    q, k = q_pos[:, None], k_pos[None, :]
+    seen = torch.ones(q.shape[0], k.shape[1], dtype=torch.bool, device=q_pos.device)
+    if causal:
+        seen &= k <= q
+    if window is not None:
+        seen &= q - k < window
+    return seen
+
+
+class BlockAttention(nn.Module):
+    """Qwen3 attention whose keys are [context; block] and whose block is not causal."""
+
+    def __init__(self, cfg: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(H, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, H, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+        self.causal = layer_types[layer_idx] == "sliding_attention"
+        self.window = cfg.sliding_window if self.causal else None
+
+    def keys_values(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, H] -> K, V [kv_heads, n, d] (K normed and rotated)."""
+        n = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_kv, mask) -> torch.Tensor:
+        """x [n, H] (the block rows), ctx_kv = (K, V) [kv_heads, T, d] -> [n, H]."""
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)  # [heads, n, d]
+        q = apply_rope(q, cos, sin)
+        k, v = self.keys_values(x, cos, sin)  # [kv_heads, n, d]
+        k = torch.cat([ctx_kv[0], k], dim=1)  # [kv_heads, T + n, d]
+        v = torch.cat([ctx_kv[1], v], dim=1)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)  # [heads, T + n, d]
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, n, d]
+        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+
+
+class BlockLayer(nn.Module):
+    """A pre-norm decoder layer around BlockAttention (tensor names as in Qwen3)."""
+
+    def __init__(self, cfg: Qwen3Config, layer_idx: int):
+        super().__init__()
+        self.self_attn = BlockAttention(cfg, layer_idx)
+        self.mlp = Qwen3MLP(cfg)
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_kv, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    """The draft's own weights, named as z-lab names them: fc, hidden_norm, layers, norm.
+
+    `config` is a Qwen3Config for the draft layers with three more attributes:
+    ``block_size``, ``mask_token_id`` and ``target_layer_ids`` (DFlash numbering).
+    """
+
+    def __init__(self, config: Qwen3Config, target_hidden_size: int | None = None):
+        super().__init__()
+        self.config = config
+        H = config.hidden_size
+        n_taps = len(config.target_layer_ids)
+        self.fc = nn.Linear(n_taps * (target_hidden_size or H), H, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(BlockLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.config.block_size)
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor):
+        """cos, sin [n, d] for integer positions [n]."""
+        if self.rotary_emb.inv_freq.dtype != torch.float32:  # a .to(bf16) rounded the angles: rebuild them
+            self.rotary_emb = Qwen3RotaryEmbedding(self.config).to(positions.device)
+        cos, sin = self.rotary_emb(like, positions[None])
+        return cos[0].to(like.dtype), sin[0].to(like.dtype)
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Concatenated taps [T, n*Ht] at `positions` [T] -> every layer's context (K, V)."""
+        c = self.hidden_norm(self.fc(taps))  # [T, H], the fused target context C
+        cos, sin = self.rope(positions, c)
+        return [layer.self_attn.keys_values(c, cos, sin) for layer in self.layers]
+
+    def forward(self, x, positions, ctx_kv, ctx_positions=None, mask=None) -> torch.Tensor:
+        """Block embeddings x [n, H] at `positions` [n] -> final hidden states [n, H].
+
+        mask: [n, T + n] bool (True = may attend), used in training where many
+        blocks share one context; at decode time it is None (one block, sees all),
+        except in sliding-window layers, which build theirs from the positions.
+        """
+        cos, sin = self.rope(positions, x)
+        for layer, kv in zip(self.layers, ctx_kv):
+            layer_mask = mask
+            attn = layer.self_attn
+            if mask is None and (attn.causal or attn.window is not None):
+                k_pos = torch.cat([ctx_positions, positions])
+                layer_mask = visibility(positions, k_pos, attn.causal, attn.window)
+            x = layer(x, cos, sin, kv, layer_mask)
+        return self.norm(x)
+
+
+def draft_config(target, num_layers: int = 1, block_size: int = 16, num_taps: int = 3,
+                 mask_token_id: int = SMOLLM2_MASK_TOKEN_ID, target_layer_ids=None) -> Qwen3Config:
+    """A draft config sized like the target's layers (hidden size, heads, MLP, RoPE)."""
+    t = target.config
+    cfg = Qwen3Config(
+        vocab_size=target.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+        rope_parameters=dict(getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}),
+        tie_word_embeddings=False,
+    )
+    cfg.block_size = block_size
+    cfg.mask_token_id = mask_token_id
+    cfg.target_layer_ids = list(target_layer_ids or default_target_layer_ids(target.num_layers, num_taps))
+    cfg.num_target_layers = target.num_layers
+    return cfg
+
+
+class DFlashDrafter(Drafter):
+    """Plugs a DFlashModel into the loop: one forward per round, up to B - 1 drafts."""
+
+    name = "dflash"
+
+    def __init__(self, model: DFlashModel):
+        self.model = model.eval()
+        self.block_size = model.block_size
+        self.max_k = self.block_size - 1
+        self.mask_token_id = int(model.config.mask_token_id)
+        self.taps = tuple(i + 1 for i in model.config.target_layer_ids)  # output of layer i = tap i + 1
+        self.target = None
+
+    def check_k(self, k: int) -> None:
+        if k > self.max_k:
+            raise ValueError(
+                f"{self.name} drafts at most {self.max_k} tokens per round with block size {self.block_size} "
+                f"({self._slots_explained()}); got k={k}. Use k <= {self.max_k}, or a drafter trained with a larger block."
+            )
+
+    def _slots_explained(self) -> str:
+        return "slot 0 holds the anchor, slots 1..B-1 the drafts"
+
+    # -- the target's parts the draft borrows ------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.embed_tokens(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.target.lm_head(hidden)
+
+    # -- the three verbs ------------------------------------------------------
+    def start(self, target, state, hidden) -> None:
+        if self.model.fc.in_features != len(self.taps) * target.hidden_size:
+            raise ValueError(
+                f"This {self.name} drafter expects {len(self.taps)} taps of width "
+                f"{self.model.fc.in_features // len(self.taps)}, but the target's hidden size is "
+                f"{target.hidden_size}: it was trained for a different target."
+            )
+        self.target = target
+        self.model.to(device=target.device, dtype=target.dtype)
+        empty = torch.empty(self.model.config.num_key_value_heads, 0, self.model.config.head_dim,
+                            device=target.device, dtype=target.dtype)
+        self.ctx_kv = [(empty, empty) for _ in self.model.layers]  # per layer: K, V [kv_heads, T, d]
+        self.num_ctx = 0  # positions 0..num_ctx-1 are in ctx_kv
+        self.pending = self._cat(hidden)  # [n, n_taps * Ht], taps not yet turned into K/V
+
+    def _cat(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([hidden[t] for t in self.taps], dim=-1)
+
+    @torch.inference_mode()
+    def _catch_up(self) -> None:
+        """Turn the taps of newly committed tokens into context K/V in every layer."""
+        n = self.pending.shape[0]
+        if n == 0:
+            return
+        positions = torch.arange(self.num_ctx, self.num_ctx + n, device=self.pending.device)
+        new = self.model.context_kv(self.pending, positions)
+        self.ctx_kv = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(self.ctx_kv, new)]
+        self.num_ctx += n
+        self.pending = self.pending[:0]
+
+    @torch.inference_mode()
+    def block_hidden(self, state) -> torch.Tensor:
+        """One draft forward over [anchor, MASK x (B-1)] -> hidden states [B, H]."""
+        self._catch_up()
+        p = len(state.ids) - 1  # the anchor's position; the context is positions < p
+        assert self.num_ctx == p, f"draft context holds {self.num_ctx} positions, expected {p}"
+        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=self.target.device)
+        ids[0] = state.ids[-1]
+        positions = torch.arange(p, p + self.block_size, device=ids.device)
+        # Always the full block, as in training: every slot sees B - 1 MASKs, whatever k is.
+        return self.model(self.embed(ids), positions, self.ctx_kv, torch.arange(p, device=ids.device))
+
+    def propose(self, state, k, sampling, generator) -> Proposal:
+        hidden = self.block_hidden(state)[1 : k + 1]  # slots 1..k hold the drafts
+        with torch.inference_mode():
+            logits = self.logits(hidden)  # [k, V]
+        if sampling.greedy:
+            return Proposal(logits.argmax(-1).tolist())
+        q = probabilities(logits, sampling)  # [k, V]
+        return Proposal([sample(row, generator) for row in q], q)
+
+    def observe(self, state, accepted, hidden) -> None:
+        # Rows of [last, d1..dn]: newly committed context. Append, do not replace: a
+        # round with no drafts (the budget's last token) skips propose and its catch-up.
+        self.pending = torch.cat([self.pending, self._cat(hidden)])
+
+
+# -- the z-lab checkpoint format ----------------------------------------------
+
+# Keys that are ours (or z-lab's) rather than Qwen3Config's.
+_DFLASH_KEYS = ("block_size", "dflash_config", "mask_token_id", "target_layer_ids", "num_target_layers", "architectures")
+
+
+def qwen3_config(d: dict) -> Qwen3Config:
+    """A Qwen3Config from a config.json dict, old (`rope_theta`) or new (`rope_parameters`) style."""
+    d = dict(d)
+    if "rope_parameters" not in d and "rope_theta" in d:
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta")}
+        if d.get("rope_scaling"):
+            d["rope_parameters"].update(d.pop("rope_scaling"))
+    return Qwen3Config(**d)
+
+
+def read_config(path) -> dict:
+    path = Path(path)
+    file = path / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"No config.json in {path}: point to a drafter checkpoint directory.")
+    return json.loads(file.read_text())
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"No *.safetensors in {path}.")
+    weights = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:
+    """Strict load that names the missing and unexpected tensors."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing tensors {missing[:6]}, unexpected tensors {unexpected[:6]}.")
+    model.load_state_dict(weights)
+
+
+def load_dflash(path, dtype=None) -> DFlashModel:
+    """A z-lab DFlash checkpoint directory -> DFlashModel.
+
+    `block_size`, `mask_token_id` and `target_layer_ids` are read from
+    ``dflash_config`` first, then from the top level (older checkpoints).
+    """
+    d = read_config(path)
+    if "DFlashDraftModel" not in (d.get("architectures") or []):
+        raise ValueError(f"{path} is not a z-lab DFlash checkpoint (architectures={d.get('architectures')}).")
+    sub = d.get("dflash_config") or {}
+
+    def field(name, default=None):
+        return sub.get(name, d.get(name, default))
+
+    cfg = qwen3_config({k: v for k, v in d.items() if k not in _DFLASH_KEYS})
+    cfg.block_size = int(field("block_size", 16))
+    cfg.mask_token_id = field("mask_token_id")
+    cfg.target_layer_ids = field("target_layer_ids")
+    cfg.num_target_layers = d.get("num_target_layers")
+    if cfg.mask_token_id is None or cfg.target_layer_ids is None:
+        raise ValueError(f"{path}/config.json lacks mask_token_id or target_layer_ids (in dflash_config).")
+    weights = read_weights(path)
+    target_hidden = weights["fc.weight"].shape[1] // len(cfg.target_layer_ids)
+    model = DFlashModel(cfg, target_hidden_size=target_hidden)
+    load_weights(model, weights, f"DFlash checkpoint {path}")
+    return model.to(dtype) if dtype is not None else model
+
+
+def save_dflash(model: DFlashModel, path, dtype=torch.bfloat16) -> None:
+    """Write `model` as a z-lab DFlash checkpoint (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    d = {k: v for k, v in cfg.to_dict().items() if k not in _DFLASH_KEYS}
+    d.update(
+        architectures=["DFlashDraftModel"], model_type="qwen3", block_size=cfg.block_size,
+        num_target_layers=getattr(cfg, "num_target_layers", None),
+        dflash_config={"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+    )
+    (path / "config.json").write_text(json.dumps(d, indent=2))
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def shipped_checkpoint(target, method: str = "dflash") -> Path:
+    """The `method` drafter this package ships for `target`, or a clear error when there is none."""
+    path = Path(__file__).resolve().parent.parent / "checkpoints" / f"{method}-{Path(str(target.name)).name}"
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"No {method} drafter is shipped for target {target.name!r}: pass draft=<a checkpoint folder> "
+            f"(CLI: --draft), or train one with `python -m specdec_learn.train.{method}`."
+        )
+    return path

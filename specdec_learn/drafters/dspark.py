@@ -1,0 +1,330 @@
+"""DSpark: a DFlash block drafter that knows what it just drafted, and how sure it is.
+
+DSpark (DeepSeek, DeepSpec) keeps DFlash's backbone (dflash.py: one forward
+over a block, target context as extra K/V in every layer, no causal mask) and
+changes three things.
+
+1. **The anchor is the first prediction.** The block is still
+   ``[x_p, MASK x (B-1)]``, but slot j predicts ``x_{p+j+1}``: slot 0, the
+   anchor's own slot, already guesses the next token. So all B slots are
+   drafts and ``max_k = B`` (DFlash: B - 1).
+
+2. **The Markov head.** A parallel drafter guesses every slot at once, so
+   slot j cannot know which token slot j-1 picked; two plausible
+   continuations get mixed ("of the the"). DSpark adds a low-rank bigram
+   table over the vocabulary,
+
+       bias_j = W2 · W1[prev_j]          W1: [V, r] embedding, W2: [r -> V]
+
+   with ``prev_0`` = the anchor and ``prev_{j+1}`` = the token chosen at slot
+   j. Drafting becomes a cheap left-to-right pass over the block's logits:
+   pick slot 0, look up its bias row for slot 1, pick slot 1, ... Each slot's
+   distribution is still an exact categorical (base logits + a bias), so the
+   rejection sampler stays lossless under sampling.
+
+3. **The confidence head.** ``c_j = σ(proj([h_j; W1[prev_j]]))`` predicts the
+   chance that slot j is accepted *given* the previous ones were (trained
+   against the analytic acceptance rate 1 - TV(q_j, p_j)). The product
+   ``s_j = c_0 · ... · c_j`` is the chance the whole prefix up to j survives.
+   With a **gate** threshold the drafter submits only the prefix whose
+   survival stays at or above it: a round that would have wasted verify
+   rows on hopeless drafts verifies fewer. (vLLM's seed experiments loaded
+   this head but did not gate on it; DeepSpec's eval cuts at the first
+   c_j < threshold, here it is the product.)
+
+Both heads can be switched off at decode time (``markov=False``,
+``gate=None``) on the same weights: that is the ablation the book measures.
+
+Tap numbering. DSpark's ``target_layer_ids`` use DFlash's convention (i = the
+output of layer i = tap i + 1) plus ``-1`` = the embedding output = tap 0;
+the same ``i + 1`` covers both.
+
+Formats (see `load_dspark` / `save_dspark`):
+
+* DeepSpec ``Qwen3DSparkModel``: config.json with Qwen3 fields plus
+  ``block_size, target_layer_ids, mask_token_id, markov_rank,
+  markov_head_type, enable_confidence_head, confidence_head_with_markov,
+  num_anchors``; tensors of the DFlash backbone plus the draft's OWN
+  ``embed_tokens`` and ``lm_head`` (copies of the target's),
+  ``markov_head.markov_w{1,2}.weight``, ``confidence_head.proj.{weight,bias}``.
+* speculators ``dspark``: ``speculators_model_type: "dspark"``, the layer
+  config under ``transformer_layer_config``, taps as
+  ``aux_hidden_state_layer_ids`` (already + 1, i.e. our tap numbers), same
+  tensor names, no embedding or LM head (the verifier's are used). This is
+  the format the shipped SmolLM2 drafter uses: it stays small.
+
+Only the ``vanilla`` Markov head is implemented (vLLM too); a ``gated`` or
+``rnn`` checkpoint is refused with a message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..sampling import probabilities, sample
+from .base import Proposal
+from .dflash import (
+    DFlashDrafter,
+    DFlashModel,
+    draft_config,
+    load_weights,
+    qwen3_config,
+    read_config,
+    read_weights,
+)
+
+
+class MarkovHead(nn.Module):
+    """bias(prev) = W2 · W1[prev]: a rank-r bigram table over the target vocabulary."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)  # W1: [V, r]
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)  # W2: [V, r] as a map r -> V
+
+    def prev_embedding(self, prev: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> W1 rows [..., r]."""
+        return self.markov_w1(prev)
+
+    def forward(self, prev: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> logit biases [..., V]."""
+        return self.markov_w2(self.prev_embedding(prev))
+
+
+class ConfidenceHead(nn.Module):
+    """c = σ(proj(features)): the chance a slot is accepted if its prefix was."""
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(input_dim, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """features [..., F] -> confidence LOGITS [...] (σ gives c)."""
+        return self.proj(features).squeeze(-1)
+
+
+def markov_draft(base_logits: torch.Tensor, anchor: int, markov: MarkovHead | None, pick):
+    """Left to right over the block: slot j's logits = base_j + W2·W1[prev_j].
+
+    base_logits [k, V]; `pick(logits_row) -> token id` (argmax or a sample).
+    Returns (tokens [k], each slot's final logits [V] x k, the prev ids used [k]).
+    """
+    tokens, rows, prevs = [], [], []
+    prev = anchor
+    for j in range(base_logits.shape[0]):
+        row = base_logits[j]
+        if markov is not None:
+            row = row + markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+        prevs.append(prev)
+        prev = pick(row)
+        tokens.append(prev)
+        rows.append(row)
+    return tokens, rows, prevs
+
+
+def gated_length(confidence: torch.Tensor, threshold: float) -> int:
+    """How many drafts to submit: the longest prefix whose survival Π c stays >= threshold.
+
+    confidence [k] holds c_j in (0, 1). Survival only falls along the block,
+    so the kept drafts are exactly those with cumprod(c)_j >= threshold.
+    """
+    survival = torch.cumprod(confidence.double(), dim=0)  # [k]
+    return int((survival >= threshold).sum())
+
+
+class DSparkModel(DFlashModel):
+    """DFlash backbone + MarkovHead + ConfidenceHead (+ own embed_tokens/lm_head in DeepSpec's format).
+
+    Extra config attributes: markov_rank (0 = no head), markov_head_type,
+    enable_confidence_head, confidence_head_with_markov, num_anchors.
+    """
+
+    def __init__(self, config, target_hidden_size=None, own_embeddings: bool = False):
+        super().__init__(config, target_hidden_size)
+        H, V, r = config.hidden_size, config.vocab_size, int(getattr(config, "markov_rank", 0))
+        self.markov_head = MarkovHead(V, r) if r > 0 else None
+        self.confidence_head = None
+        if getattr(config, "enable_confidence_head", False):
+            with_markov = bool(getattr(config, "confidence_head_with_markov", False))
+            if with_markov and self.markov_head is None:
+                raise ValueError("confidence_head_with_markov needs a Markov head (markov_rank > 0).")
+            self.confidence_head = ConfidenceHead(H + (r if with_markov else 0))
+        self.embed_tokens = nn.Embedding(V, H) if own_embeddings else None
+        self.lm_head = nn.Linear(H, V, bias=False) if own_embeddings else None
+
+    def confidence_logits(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H], prev ids [...] -> confidence logits [...]."""
+        features = hidden
+        if self.config.confidence_head_with_markov:
+            features = torch.cat([hidden, self.markov_head.prev_embedding(prev).to(hidden.dtype)], dim=-1)
+        return self.confidence_head(features)
+
+
+def dspark_config(target, num_layers=1, block_size=7, markov_rank=32, confidence=True, **kw):
+    """A SmolLM2-sized DSpark config (see dflash.draft_config for the backbone)."""
+    cfg = draft_config(target, num_layers=num_layers, block_size=block_size, **kw)
+    cfg.markov_rank = markov_rank
+    cfg.markov_head_type = "vanilla"
+    cfg.enable_confidence_head = confidence
+    cfg.confidence_head_with_markov = confidence and markov_rank > 0
+    cfg.num_anchors = 64
+    return cfg
+
+
+class DSparkDrafter(DFlashDrafter):
+    """Up to B drafts a round: Markov-biased left-to-right picks, cut by the survival gate.
+
+    markov: add the Markov bias (when the checkpoint has the head).
+    gate:   survival threshold in (0, 1]; None = submit all k drafts.
+    """
+
+    name = "dspark"
+
+    def __init__(self, model: DSparkModel, markov: bool = True, gate: float | None = None):
+        super().__init__(model)
+        self.max_k = self.block_size
+        if markov and model.markov_head is None:
+            raise ValueError("This DSpark checkpoint has no Markov head (markov_rank 0): use markov=False.")
+        if gate is not None:
+            if model.confidence_head is None:
+                raise ValueError("The confidence gate needs a confidence head; this checkpoint has none (gate=None).")
+            if not 0.0 < gate <= 1.0:
+                raise ValueError(f"gate is a survival threshold in (0, 1], got {gate}.")
+        self.markov = model.markov_head if markov else None
+        self.gate = gate
+
+    def _slots_explained(self) -> str:
+        return "every slot, the anchor's included, is a draft"
+
+    def embed(self, ids):
+        own = self.model.embed_tokens
+        return own(ids) if own is not None else self.target.embed_tokens(ids)
+
+    def logits(self, hidden):
+        own = self.model.lm_head
+        return own(hidden) if own is not None else self.target.lm_head(hidden)
+
+    @torch.inference_mode()
+    def propose(self, state, k, sampling, generator) -> Proposal:
+        hidden = self.block_hidden(state)[:k]  # [k, H]; slot j predicts x_{p+j+1}
+        base = self.logits(hidden)  # [k, V]
+        qs = []
+
+        def pick(row):
+            if sampling.greedy:
+                return int(row.argmax())
+            qs.append(probabilities(row, sampling))
+            return sample(qs[-1], generator)
+
+        tokens, _, prevs = markov_draft(base, state.ids[-1], self.markov, pick)
+        if self.gate is not None:
+            prev = torch.tensor(prevs, device=hidden.device)
+            confidence = torch.sigmoid(self.model.confidence_logits(hidden, prev).float())  # [k]
+            tokens = tokens[: gated_length(confidence, self.gate)]
+        q = torch.stack(qs[: len(tokens)]) if qs and tokens else None
+        return Proposal(tokens, q)
+
+
+# -- checkpoint formats ---------------------------------------------------------
+
+_DSPARK_KEYS = (
+    "block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
+    "confidence_head_with_markov", "num_anchors", "num_target_layers", "architectures", "dflash_config",
+)
+
+
+def _check_head_type(cfg, path) -> None:
+    if cfg.markov_rank > 0 and cfg.markov_head_type != "vanilla":
+        raise ValueError(
+            f"{path}: markov_head_type {cfg.markov_head_type!r} is not implemented here, only 'vanilla' "
+            "(as in vLLM). Use a vanilla-head checkpoint."
+        )
+
+
+def load_dspark(path, dtype=None) -> DSparkModel:
+    """A DeepSpec (`Qwen3DSparkModel`) or speculators (`dspark`) checkpoint directory -> DSparkModel."""
+    d = read_config(path)
+    if d.get("speculators_model_type") == "dspark":
+        cfg = qwen3_config(d["transformer_layer_config"])
+        if d.get("draft_vocab_size", cfg.vocab_size) != cfg.vocab_size:
+            raise ValueError(
+                f"{path}: a reduced draft vocabulary (d2t/t2d) is not supported; train with the full vocabulary."
+            )
+        if not d.get("sample_from_anchor", True):
+            raise ValueError(f"{path}: sample_from_anchor=false is DFlash's slot convention, not DSpark's.")
+        cfg.target_layer_ids = [t - 1 for t in d["aux_hidden_state_layer_ids"]]  # taps -> DSpark ids (0 -> -1)
+        fields = d
+        own = False
+    elif "Qwen3DSparkModel" in (d.get("architectures") or []):
+        cfg = qwen3_config({k: v for k, v in d.items() if k not in _DSPARK_KEYS})
+        cfg.target_layer_ids = list(d["target_layer_ids"])
+        fields = d
+        own = True
+    else:
+        raise ValueError(
+            f"{path} is neither a DeepSpec DSpark checkpoint (architectures Qwen3DSparkModel) "
+            f"nor a speculators one (speculators_model_type 'dspark')."
+        )
+    cfg.block_size = int(fields["block_size"])
+    cfg.mask_token_id = fields["mask_token_id"]
+    cfg.markov_rank = int(fields.get("markov_rank", 0))
+    cfg.markov_head_type = str(fields.get("markov_head_type", "vanilla")).lower()
+    cfg.enable_confidence_head = bool(fields.get("enable_confidence_head", False))
+    cfg.confidence_head_with_markov = bool(fields.get("confidence_head_with_markov", False))
+    cfg.num_anchors = int(fields.get("num_anchors", 256))
+    cfg.num_target_layers = fields.get("num_target_layers")
+    _check_head_type(cfg, path)
+    weights = read_weights(path)
+    model = DSparkModel(cfg, weights["fc.weight"].shape[1] // len(cfg.target_layer_ids), own_embeddings=own)
+    load_weights(model, weights, f"DSpark checkpoint {path}")
+    return model.to(dtype) if dtype is not None else model
+
+
+def save_dspark(model: DSparkModel, path, format: str = "speculators", target=None, dtype=torch.bfloat16) -> None:
+    """Write `model` as a speculators `dspark` or a DeepSpec `Qwen3DSparkModel` checkpoint.
+
+    DeepSpec's format holds the draft's own embed_tokens/lm_head; when the
+    model borrows the target's, pass `target` to copy them in.
+    """
+    from safetensors.torch import save_file
+
+    if format not in ("speculators", "deepspec"):
+        raise ValueError(f"format must be 'speculators' or 'deepspec', got {format!r}.")
+    cfg = model.config
+    heads = {
+        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank,
+        "markov_head_type": cfg.markov_head_type, "enable_confidence_head": cfg.enable_confidence_head,
+        "confidence_head_with_markov": cfg.confidence_head_with_markov, "num_anchors": cfg.num_anchors,
+    }
+    layer_cfg = {k: v for k, v in cfg.to_dict().items() if k not in _DSPARK_KEYS}
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    if format == "speculators":
+        d = {
+            "speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"],
+            "transformer_layer_config": layer_cfg, "draft_vocab_size": cfg.vocab_size,
+            "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids], "sample_from_anchor": True,
+            "target_hidden_size": model.fc.in_features // len(cfg.target_layer_ids),
+            "speculators_config": {
+                "algorithm": "dspark", "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size}],
+            },
+            **heads,
+        }
+    else:
+        d = {**layer_cfg, "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+             "target_layer_ids": list(cfg.target_layer_ids), "num_target_layers": cfg.num_target_layers, **heads}
+        if model.embed_tokens is not None:
+            state["embed_tokens.weight"], state["lm_head.weight"] = model.embed_tokens.weight, model.lm_head.weight
+        elif target is not None:
+            state["embed_tokens.weight"], state["lm_head.weight"] = target.embed_tokens.weight, target.lm_head.weight
+        else:
+            raise ValueError("DeepSpec's format stores embed_tokens and lm_head: pass target= to copy the target's.")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(d, indent=2))
+    state = {k: v.detach().to(dtype).contiguous().clone() for k, v in state.items()}
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})

@@ -1,0 +1,484 @@
+"""EAGLE-3: one decoder layer that drafts from the target's own hidden states.
+
+Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language
+Models via Training-Time Test" (2025). The drafter is tiny (one decoder layer)
+because it does not start from scratch: it reads what the target already
+computed. At position t it gets
+
+    g_t   = fc(cat[h_a(t), h_b(t), h_c(t)])       # three target layers, fused   [H]
+    e_t   = Emb(x_{t+1})                          # the token that follows t      [H]
+
+and its one decoder layer runs attention over cat[input_layernorm(e_t),
+hidden_norm(g_t)] (so q/k/v take 2H inputs), adds the residual g_t, then the
+MLP. `lm_head(norm(.))` scores a reduced *draft vocabulary*, mapped back to
+target ids through `d2t` (target id = draft id + d2t[draft id]).
+
+Drafting k tokens is k sequential steps with the drafter's own KV cache. Step
+0 reads the target's fused hidden state; later steps have no target state for
+positions the target has not run yet, so they feed back the drafter's own
+pre-norm output x instead (the "training-time test" teaches it to cope). On
+rejection the drafter's cache is cropped back to the positions that used real
+target states, and the target's states for the accepted tokens come next.
+
+The taps (`eagle_aux_hidden_state_layer_ids`) default to (2, L//2, L-3): the
+residual stream ENTERING those layers, i.e. HF `hidden_states[i]` (target.py's
+tap numbering).
+
+The weights load from, and save to, the *speculators* format (vLLM's `eagle3`
+method reads it): `config.json` with `speculators_model_type: "eagle3"` and a
+`transformer_layer_config` (llama or qwen3), plus `model.safetensors` with
+`fc`, `layers.0.*` (or the original `midlayer.*`), `norm`, `lm_head`, `d2t`,
+`t2d` and optionally `embed_tokens` (else the target's embedding is shared).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sampling import probabilities, sample
+from .base import Drafter, Proposal
+
+LAYER_TYPES = ("llama", "qwen3")
+
+
+def default_taps(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default: low, middle and high layers of the target."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass
+class Eagle3Config:
+    """The fields of a speculators `config.json` this module uses."""
+
+    layer_config: dict  # `transformer_layer_config`: a llama / qwen3 config for the draft layer
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...]  # `eagle_aux_hidden_state_layer_ids`
+    target_hidden_size: int | None = None  # None = the draft's hidden size
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    extra: dict = field(default_factory=dict)  # other top-level keys, written back unchanged
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer_config["hidden_size"]
+
+    @property
+    def vocab_size(self) -> int:  # the TARGET's vocabulary
+        return self.layer_config["vocab_size"]
+
+    @property
+    def fc_in(self) -> int:
+        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Eagle3Config:
+        if d.get("speculators_model_type") != "eagle3":
+            raise ValueError(
+                f"Not an EAGLE-3 speculators config: speculators_model_type is "
+                f"{d.get('speculators_model_type')!r}, expected 'eagle3'."
+            )
+        layer = dict(d["transformer_layer_config"])
+        layer.setdefault("model_type", "llama")
+        if layer["model_type"] not in LAYER_TYPES:
+            raise ValueError(f"Draft layer type {layer['model_type']!r} is not supported; known: {', '.join(LAYER_TYPES)}.")
+        if layer.get("num_hidden_layers", 1) != 1:
+            raise ValueError(f"This loader reads one-layer EAGLE-3 drafters; the config has {layer['num_hidden_layers']}.")
+        known = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
+                 "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc"}
+        return cls(
+            layer_config=layer,
+            draft_vocab_size=d.get("draft_vocab_size", 32000),
+            aux_layer_ids=tuple(d.get("eagle_aux_hidden_state_layer_ids") or ()),
+            target_hidden_size=d.get("target_hidden_size"),
+            norm_before_residual=bool(d.get("norm_before_residual", False)),
+            norm_before_fc=bool(d.get("norm_before_fc", False)),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            **{k: v for k, v in self.extra.items() if k != "architectures"},
+            "transformer_layer_config": self.layer_config,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+            "norm_before_residual": self.norm_before_residual,
+            "norm_before_fc": self.norm_before_fc,
+        }
+
+
+# --- the network ----------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (HF's rotate-half convention). x [heads, n, d], cos/sin [n, d]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Eagle3Layer(nn.Module):
+    """The first (and only) draft decoder layer: attention over cat[norm(embedding), norm(fused hidden)]."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        c = cfg.layer_config
+        H, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
+        self.num_heads, self.num_kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+        self.head_dim = c.get("head_dim") or H // self.num_heads
+        self.norm_before_residual = cfg.norm_before_residual
+        bias, mlp_bias = c.get("attention_bias", False), c.get("mlp_bias", False)
+        self.input_layernorm = RMSNorm(H, eps)  # on the token embedding
+        self.hidden_norm = RMSNorm(H, eps)  # on the fused target state
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * H, self.num_heads * self.head_dim, bias=bias)
+        self.self_attn.k_proj = nn.Linear(2 * H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.self_attn.v_proj = nn.Linear(2 * H, self.num_kv_heads * self.head_dim, bias=bias)
+        self.self_attn.o_proj = nn.Linear(self.num_heads * self.head_dim, H, bias=bias)
+        if c["model_type"] == "qwen3":  # Qwen3 normalises each head's queries and keys
+            self.self_attn.q_norm = RMSNorm(self.head_dim, eps)
+            self.self_attn.k_norm = RMSNorm(self.head_dim, eps)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(H, c["intermediate_size"], bias=mlp_bias)
+        self.mlp.up_proj = nn.Linear(H, c["intermediate_size"], bias=mlp_bias)
+        self.mlp.down_proj = nn.Linear(c["intermediate_size"], H, bias=mlp_bias)
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[c.get("hidden_act", "silu")]
+
+    def qkv(self, emb, hidden, cos, sin):
+        """Queries [heads, n, d] and this call's keys/values [kv_heads, n, d]."""
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # [n, 2H]
+        n, attn = x.shape[0], self.self_attn
+        q = attn.q_proj(x).view(n, self.num_heads, self.head_dim).transpose(0, 1)
+        k = attn.k_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        v = attn.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def attend(self, q, k_all, v_all, mask):
+        """Attention of q [heads, n, d] over k_all/v_all [kv_heads, m, d] under mask [n, m] -> [n, H]."""
+        groups = self.num_heads // self.num_kv_heads
+        k_all, v_all = k_all.repeat_interleave(groups, 0), v_all.repeat_interleave(groups, 0)  # [heads, m, d]
+        a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # [heads, n, d]
+        return self.self_attn.o_proj(a.transpose(0, 1).reshape(q.shape[1], -1))
+
+    def finish(self, hidden, attn_out):
+        """Residual (the fused state, or its norm) + attention output, then the MLP block."""
+        residual = self.hidden_norm(hidden) if self.norm_before_residual else hidden
+        x = residual + attn_out  # [n, H]
+        h = self.post_attention_layernorm(x)
+        return x + self.mlp.down_proj(self.act(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+
+
+class Eagle3Model(nn.Module):
+    """fc + one draft layer + norm + lm_head over the draft vocabulary (+ d2t / t2d)."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg
+        H, c = cfg.hidden_size, cfg.layer_config
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(cfg.fc_in, c.get("rms_norm_eps", 1e-6))
+        self.fc = nn.Linear(cfg.fc_in, H, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(cfg)])
+        self.norm = RMSNorm(H, c.get("rms_norm_eps", 1e-6))
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.t2d[: cfg.draft_vocab_size] = True  # identity mapping until a real one is loaded
+        self.embed_tokens: nn.Embedding | None = None  # only when the checkpoint has its own
+        self.__dict__["shared_embedding"] = None  # else the target's, kept OUT of this module's
+        # parameters, so that model.float() / model.to() never touch the target
+        layer = self.layers[0]
+        self.inv_freq = rope_inv_freq(c, layer.head_dim)  # [d/2]
+
+    def set_vocab(self, draft_ids: torch.Tensor) -> None:
+        """Use the target ids `draft_ids` (sorted, V_d of them) as the draft vocabulary."""
+        draft_ids = torch.as_tensor(draft_ids, dtype=torch.long).sort().values
+        if draft_ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"{draft_ids.numel()} draft ids for a draft vocabulary of {self.config.draft_vocab_size}.")
+        self.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
+        self.t2d.zero_()
+        self.t2d[draft_ids] = True
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:  # [V_d] target id of each draft id
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def rope(self, positions: torch.Tensor):
+        """cos, sin [n, d] for integer positions [n]."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [n, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        dtype = self.fc.weight.dtype
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.embed_tokens if self.embed_tokens is not None else self.__dict__["shared_embedding"]
+        if table is None:
+            raise ValueError("This drafter has no embed_tokens of its own: call share_embedding(model, target) first.")
+        return table(ids)
+
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """g = fc(cat[h_a, h_b, h_c]): [n, 3 H_t] -> [n, H]."""
+        taps = taps.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            taps = self.input_norm(taps)
+        return self.fc(taps)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [n, V_d] from pre-norm outputs x [n, H]."""
+        return self.lm_head(self.norm(x))
+
+
+def rope_inv_freq(layer_config: dict, head_dim: int) -> torch.Tensor:
+    """The rotary frequencies, computed by transformers so every rope scaling (llama3, yarn, ...) is right."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kwargs = {k: v for k, v in layer_config.items() if k != "model_type"}
+    hf = AutoConfig.for_model(layer_config["model_type"], **kwargs)
+    params = getattr(hf, "rope_parameters", None) or {"rope_type": "default", "rope_theta": hf.rope_theta}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        theta = params["rope_theta"]
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
+    return inv_freq.float()
+
+
+# --- the drafter ----------------------------------------------------------------------
+
+
+class KVCache:
+    """The drafter's own keys and values, [kv_heads, T, d] each, cropped on rejection."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+
+    def crop(self, keep: int):
+        if self.k is not None:
+            self.k, self.v = self.k[:, :keep], self.v[:, :keep]
+
+
+class Eagle3Drafter(Drafter):
+    """Plugs an Eagle3Model into the loop (see base.py): reads taps, drafts k tokens step by step."""
+
+    name = "eagle3"
+
+    def __init__(self, model: Eagle3Model, target=None):
+        self.model = model.eval()
+        self.taps = tuple(model.config.aux_layer_ids)
+        self.cache = KVCache()
+        if target is not None:
+            check_compatible(model.config, target)
+            share_embedding(model, target)
+
+    def start(self, target, state, hidden) -> None:
+        check_compatible(self.model.config, target)
+        share_embedding(self.model, target)
+        self.cache = KVCache()
+        self.num_real = 0  # cached positions computed from real target states
+        self.pending = [hidden[t] for t in self.taps]  # per tap [m, H_t]: rows not yet run
+
+    @torch.inference_mode()
+    def _step(self, hidden: torch.Tensor, tokens: list[int], start: int) -> torch.Tensor:
+        """Run rows start..start+n-1 (hidden [n, H], the tokens that follow them) -> pre-norm x [n, H]."""
+        model, layer = self.model, self.model.layers[0]
+        device = model.fc.weight.device
+        positions = torch.arange(start, start + len(tokens), device=device)  # [n]
+        emb = model.embed(torch.tensor(tokens, device=device)).to(hidden.dtype)  # [n, H]
+        cos, sin = model.rope(positions)
+        q, k, v = layer.qkv(emb, hidden, cos, sin)
+        self.cache.append(k, v)
+        past = len(self.cache) - len(tokens)
+        mask = torch.ones(len(tokens), len(self.cache), dtype=torch.bool, device=device).tril(past)  # causal
+        return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
+
+    def propose(self, state, k, sampling, generator) -> Proposal:
+        model = self.model
+        rows = self.pending[0].shape[0]
+        if rows == 0:  # a one-token prompt: no target state to draft from yet
+            return Proposal([])
+        # Catch up: row p pairs the target's state at p with token ids[p + 1].
+        start = self.num_real
+        g = model.fuse(torch.cat(self.pending, dim=-1))  # [rows, H]
+        x = self._step(g, state.ids[start + 1 : start + 1 + rows], start)[-1:]  # [1, H]
+        self.num_real, self.pending = start + rows, [p[:0] for p in self.pending]
+        tokens, qs = [], []
+        for i in range(k):
+            logits = model.logits(x)[0]  # [V_d]
+            if sampling.greedy:
+                tokens.append(int(model.draft_to_target[logits.argmax()]))
+            else:
+                full = logits.new_full((model.config.vocab_size,), -math.inf)  # [V]
+                full[model.draft_to_target] = logits
+                q = probabilities(full, sampling)
+                tokens.append(sample(q, generator))
+                qs.append(q)
+            if i < k - 1:  # later steps feed back the drafter's own pre-norm state
+                x = self._step(x, tokens[-1:], self.num_real + i)
+        return Proposal(tokens, torch.stack(qs) if qs else None)
+
+    def observe(self, state, accepted, hidden) -> None:
+        # Positions drafted from the drafter's own states are redone with the target's.
+        self.cache.crop(self.num_real)
+        self.pending = [torch.cat([p, hidden[t]]) for p, t in zip(self.pending, self.taps)]
+
+
+def check_compatible(cfg: Eagle3Config, target) -> None:
+    """Refuse a drafter made for another target, naming both numbers."""
+    h_target = cfg.target_hidden_size or cfg.hidden_size
+    if h_target != target.hidden_size:
+        raise ValueError(
+            f"The EAGLE-3 drafter expects target hidden size {h_target} but the target's is {target.hidden_size}: "
+            "this drafter was trained for a different target model."
+        )
+    if cfg.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"The EAGLE-3 drafter's vocabulary has {cfg.vocab_size} tokens but the target's has {target.vocab_size}: "
+            "this drafter was trained for a different target model."
+        )
+    bad = [t for t in cfg.aux_layer_ids if not 0 <= t <= target.num_layers]
+    if bad:
+        raise ValueError(f"EAGLE-3 taps {bad} are outside 0..{target.num_layers} for a {target.num_layers}-layer target.")
+
+
+def share_embedding(model: Eagle3Model, target) -> None:
+    if model.embed_tokens is None:
+        model.__dict__["shared_embedding"] = target.embed_tokens
+
+
+# --- the speculators format: read and write ------------------------------------------
+
+
+SHIPPED = {"smollm2-135m": "eagle3-smollm2-135m"}  # target name -> folder under specdec_learn/checkpoints/
+
+
+def shipped_checkpoint(target) -> Path:
+    """The drafter this package ships for `target`, or a clear error when there is none."""
+    folder = SHIPPED.get(Path(str(target.name)).name)
+    path = Path(__file__).resolve().parent.parent / "checkpoints" / (folder or "")
+    if folder is None or not (path / "config.json").is_file():
+        raise ValueError(
+            f"No EAGLE-3 drafter is shipped for target {target.name!r}: pass draft=<a speculators-format folder> "
+            "(CLI: --draft), or train one with `specdec train eagle3`."
+        )
+    return path
+
+
+def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
+    """An Eagle3Model from a speculators-format folder (config.json + *.safetensors)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"No config.json in {path}: expected a speculators-format EAGLE-3 folder.")
+    cfg = Eagle3Config.from_json(json.loads((path / "config.json").read_text()))
+    if not cfg.aux_layer_ids:  # older checkpoints leave the taps to the default
+        if target is None:
+            raise ValueError(f"{path}/config.json names no eagle_aux_hidden_state_layer_ids: pass the target, "
+                             "so the default (2, L//2, L-3) can be used.")
+        cfg.aux_layer_ids = default_taps(target.num_layers)
+    if target is not None:
+        check_compatible(cfg, target)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"No .safetensors weights in {path}.")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    tensors = {k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k: v for k, v in tensors.items()}
+    model = Eagle3Model(cfg)
+    if "embed_tokens.weight" in tensors:
+        model.embed_tokens = nn.Embedding(*tensors["embed_tokens.weight"].shape)
+    if "d2t" not in tensors and cfg.draft_vocab_size != cfg.vocab_size:
+        raise ValueError(f"{path}: the draft vocabulary ({cfg.draft_vocab_size}) is reduced but there is no d2t tensor.")
+    expected = model.state_dict()
+    for name, tensor in tensors.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise ValueError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
+                             f"{tuple(expected[name].shape)}.")
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [m for m in missing if m not in ("d2t", "t2d")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing tensors {missing}, unexpected tensors {unexpected}.")
+    dtype = dtype or (target.dtype if target is not None else torch.float32)
+    model = model.to(device=device or (target.device if target is not None else "cpu"), dtype=dtype)
+    if target is not None:
+        share_embedding(model, target)
+    return model.eval()
+
+
+def save_eagle3(model: Eagle3Model, path, dtype=torch.bfloat16, verifier: str | None = None) -> Path:
+    """Write `model` in the speculators format (loadable by vLLM's `eagle3` method)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    cfg.extra.setdefault("speculators_config", {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+        "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+    })
+    cfg.extra["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    tensors = {}
+    for name, t in model.state_dict().items():  # a shared embedding is not in it, so not saved
+        tensors[name] = t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def new_eagle3(target, draft_ids=None, taps=None, intermediate_size: int | None = None, seed: int = 0) -> Eagle3Model:
+    """A fresh (random) drafter shaped for `target`, its draft layer a copy of the target's layer shape."""
+    c = target.config
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
+    layer = {
+        "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
+        "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": getattr(c, "hidden_act", "silu"),
+        "max_position_embeddings": c.max_position_embeddings, "vocab_size": target.vocab_size,
+        "rope_theta": rope["rope_theta"], "attention_bias": getattr(c, "attention_bias", False),
+        "mlp_bias": getattr(c, "mlp_bias", False), "tie_word_embeddings": False,
+    }
+    n_draft = target.vocab_size if draft_ids is None else len(draft_ids)
+    cfg = Eagle3Config(layer, n_draft, tuple(taps or default_taps(target.num_layers)))
+    torch.manual_seed(seed)
+    model = Eagle3Model(cfg)
+    if draft_ids is not None:
+        model.set_vocab(torch.as_tensor(draft_ids))
+    share_embedding(model, target)
+    return model.to(device=target.device)

@@ -1,0 +1,215 @@
+"""Training data for learned drafters: the target answers prompts, we keep its answers.
+
+One pipeline serves every learned drafter (EAGLE-3, DFlash, DSpark, MTP, a
+distilled draft model). A drafter must predict *this* target's next token, so
+the training text is written by the exact target, not taken from a dataset:
+
+    prompts   = training_prompts()                      # train split + templated prompts
+    out_dir   = build_dataset(target, out_dir, prompts)  # batched generate -> JSONL shards
+    examples  = load_examples(out_dir)                   # Example(id, input_ids, loss_mask)
+    hidden    = capture_taps(target, example, taps)      # {tap: [T, H]} for one example
+
+Held-out prompts stay held out: `training_prompts` keeps only prompts whose id
+is outside the benchmark split (`workloads.is_benchmark_prompt`) and whose
+text is not a benchmark prompt's text, and `build_dataset` refuses any other.
+
+The dataset is a folder of JSONL shards, one line per example. Generation is
+resumable: each batch is appended and flushed as soon as it is done, and a new
+run skips every (id, variant) already on disk, so a long job may be stopped
+and continued. A variant is "greedy" or, for sampled responses, "T<temp>s<seed>":
+several sampled answers to one prompt are different examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..workloads import WORKLOADS, Prompt, is_benchmark_prompt, load_workload
+from .prompts import generated_prompts
+
+
+@dataclass
+class Example:
+    id: str  # the prompt id it came from (a workload train-split id or a generated-prompt id)
+    input_ids: list[int]  # chat-templated prompt + the target's own response
+    loss_mask: list[bool]  # True on response positions (the tokens a drafter must learn to predict)
+    variant: str = "greedy"  # "greedy", or "T<temperature>s<seed>" for a sampled response
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.loss_mask.index(True) if True in self.loss_mask else len(self.loss_mask)
+
+
+def default_dir(target_name: str) -> Path:
+    """$SPECDEC_CACHE/data/<target-name>/ (the dataset is regenerated, never committed)."""
+    root = Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec_learn"))
+    return root / "data" / Path(target_name).name
+
+
+# --- prompts -----------------------------------------------------------------
+
+
+def bench_texts() -> set[str]:
+    """The text of every benchmark-split prompt (to refuse them even under another id)."""
+    return {p.text for name in WORKLOADS for p in load_workload(name, split="bench")}
+
+
+def training_prompts(generated: bool = True, seed: int = 0, num_math: int = 400) -> list[Prompt]:
+    """Train-split prompts of the three workloads and (optionally) templated ones, in a seeded mixed order.
+
+    Never a benchmark prompt: any id in the bench split and any text equal to a
+    bench prompt's text is dropped (generated ids are hashed like any other).
+    """
+    prompts = [p for name in WORKLOADS for p in load_workload(name, split="train")]
+    if generated:
+        prompts += generated_prompts(seed=seed, num_math=num_math)
+    held_out = bench_texts()
+    prompts = [p for p in prompts if not is_benchmark_prompt(p.id) and p.text not in held_out]
+    random.Random(seed).shuffle(prompts)  # mixed kinds, so any prefix (a stopped run) covers all of them
+    return prompts
+
+
+def check_no_benchmark_prompts(prompts: list[Prompt]) -> None:
+    """Refuse prompts from the benchmark split: a drafter must not learn the test."""
+    held_out = bench_texts()
+    leaked = [p.id for p in prompts if is_benchmark_prompt(p.id) or p.text in held_out]
+    if leaked:
+        raise ValueError(
+            f"{len(leaked)} prompt(s) belong to the benchmark split (e.g. {leaked[0]!r}); "
+            "training data must come from training_prompts() or split='train' only."
+        )
+
+
+def check_no_benchmark_prompts_by_id(ids) -> None:
+    """The same guard for data already on disk (examples carry the id of their prompt)."""
+    leaked = [i for i in ids if is_benchmark_prompt(i)]
+    if leaked:
+        raise ValueError(f"{len(leaked)} training example(s) come from benchmark prompts (e.g. {leaked[0]!r}): "
+                         "delete that dataset and rebuild it from training_prompts().")
+
+
+# --- generation ----------------------------------------------------------------
+
+
+def variant_name(temperature: float, seed: int) -> str:
+    return "greedy" if temperature == 0 else f"T{temperature:g}s{seed}"
+
+
+def done_keys(out_dir: Path) -> set[tuple[str, str]]:
+    """(id, variant) of every example already on disk."""
+    return {(ex.id, ex.variant) for ex in load_examples(out_dir)} if Path(out_dir).exists() else set()
+
+
+def build_dataset(
+    target,
+    out_dir,
+    prompts: list[Prompt],
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    temperature: float = 0.0,
+    seed: int = 0,
+    budget_s: float | None = None,
+    progress: bool = True,
+) -> Path:
+    """Let the target answer every prompt not yet answered; append to out_dir/<variant>-NNN.jsonl.
+
+    Batched HF `generate` with left padding. Resumable: stop at any time (or
+    give `budget_s`, checked between batches) and call again to continue.
+    """
+    check_no_benchmark_prompts(prompts)
+    if target.tokenizer is None:
+        raise ValueError("build_dataset needs a target with a tokenizer: it writes the target's answers to text prompts.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    variant = variant_name(temperature, seed)
+    done = done_keys(out_dir)
+    todo = [p for p in prompts if (p.id, variant) not in done]
+    # Prompts keep their (mixed) order in windows of 8 batches; sorting by length inside a
+    # window wastes less padding, and a run stopped early still has every kind of prompt.
+    encoded = [(p, target.encode(p.text)) for p in todo]
+    window = 8 * batch_size
+    encoded = [pe for i in range(0, len(encoded), window)
+               for pe in sorted(encoded[i : i + window], key=lambda pe: len(pe[1]))]
+    shard = out_dir / f"{variant}-{len(list(out_dir.glob(f'{variant}-*.jsonl'))):03d}.jsonl"
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    bar = tqdm(total=len(encoded), desc=f"generating ({variant})", disable=not progress)
+    with shard.open("a", encoding="utf-8") as f:
+        for i in range(0, len(encoded), batch_size):
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                break
+            batch = encoded[i : i + batch_size]
+            responses = _generate_batch(target, [ids for _, ids in batch], max_new_tokens, temperature)
+            for (prompt, ids), response in zip(batch, responses):
+                row = {"id": prompt.id, "variant": variant, "input_ids": ids + response, "num_prompt_tokens": len(ids)}
+                f.write(json.dumps(row) + "\n")
+            f.flush()
+            bar.update(len(batch))
+    bar.close()
+    return out_dir
+
+
+@torch.inference_mode()
+def _generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+    """The target's responses to a batch of token-id prompts, each cut after its first EOS."""
+    pad = target.tokenizer.pad_token_id
+    pad = pad if pad is not None else next(iter(target.eos_ids))
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)  # [B, W]
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    out = target.model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+        pad_token_id=pad, eos_token_id=sorted(target.eos_ids), **sampling,
+    )  # [B, W + new]
+    responses = []
+    for row in out[:, width:].tolist():
+        end = next((j + 1 for j, t in enumerate(row) if t in target.eos_ids), len(row))  # keep the EOS
+        responses.append(row[:end])
+    return responses
+
+
+# --- reading -----------------------------------------------------------------------
+
+
+def load_examples(out_dir) -> list[Example]:
+    """Every example in out_dir's shards (a half-written last line is skipped)."""
+    examples = []
+    for shard in sorted(Path(out_dir).glob("*.jsonl")):
+        for line in shard.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a run stopped mid-write
+                continue
+            n, ids = row["num_prompt_tokens"], row["input_ids"]
+            mask = [False] * n + [True] * (len(ids) - n)
+            examples.append(Example(row["id"], ids, mask, row.get("variant", "greedy")))
+    return examples
+
+
+def split_examples(examples: list[Example], eval_fraction: float = 0.05) -> tuple[list[Example], list[Example]]:
+    """(train, eval) split by prompt id (all variants of a prompt on the same side), stable across runs."""
+    def is_eval(ex):
+        return int(hashlib.sha256(("eval:" + ex.id).encode()).hexdigest(), 16) % 10_000 < eval_fraction * 10_000
+
+    return [ex for ex in examples if not is_eval(ex)], [ex for ex in examples if is_eval(ex)]
+
+
+@torch.inference_mode()
+def capture_taps(target, example: Example, taps) -> dict[int, torch.Tensor]:
+    """The residual stream at `taps` over the whole example: {tap: [T, H]}, one target forward."""
+    from transformers import DynamicCache
+
+    from ..target import DecodeState
+
+    state = DecodeState(ids=list(example.input_ids), prompt_len=len(example.input_ids), cache=DynamicCache())
+    return target.forward(state, example.input_ids, taps, logits=False).hidden

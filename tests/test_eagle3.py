@@ -1,0 +1,243 @@
+"""EAGLE-3: lossless in the loop, the speculators format read and written, TTT training that learns.
+
+The tiny checkpoints here are written by hand in the exact speculators layout
+(config.json + model.safetensors, `midlayer.*` or `layers.0.*`, with and
+without `embed_tokens`), for a llama-style and a qwen3-style target.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import specdec_learn as sd
+from conftest import tiny_llama
+from specdec_learn.drafters.eagle3 import Eagle3Drafter, load_eagle3, new_eagle3, save_eagle3
+from specdec_learn.target import Target
+
+VOCAB, H, LAYERS = 96, 32, 6
+
+
+def tiny_qwen3(vocab_size: int, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def tiny_target(kind: str) -> Target:
+    model = tiny_llama(VOCAB, seed=1, hidden=H, layers=LAYERS) if kind == "llama" else tiny_qwen3(VOCAB, seed=1)
+    return Target(model, tokenizer=None, name=f"tiny-{kind}")
+
+
+def write_speculators_checkpoint(path, kind: str, names: str, with_embed: bool, draft_vocab: int = 40, seed: int = 0):
+    """A random EAGLE-3 drafter in the published layout, written tensor by tensor (not by our writer)."""
+    g = torch.Generator().manual_seed(seed)
+    heads, kv, hd, inter = 4, 2, 8, 64
+    layer_cfg = {"model_type": kind, "hidden_size": H, "intermediate_size": inter, "num_attention_heads": heads,
+                 "num_key_value_heads": kv, "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+                 "vocab_size": VOCAB, "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu"}
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "transformer_layer_config": layer_cfg, "draft_vocab_size": draft_vocab,
+              "eagle_aux_hidden_state_layer_ids": [1, 3, 4], "norm_before_residual": False,
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": f"tiny-{kind}", "architectures": ["X"]}}}
+    rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.2
+    p = names  # "midlayer" or "layers.0"
+    t = {"fc.weight": rnd(H, 3 * H), f"{p}.input_layernorm.weight": 1 + rnd(H), f"{p}.hidden_norm.weight": 1 + rnd(H),
+         f"{p}.post_attention_layernorm.weight": 1 + rnd(H),
+         f"{p}.self_attn.q_proj.weight": rnd(heads * hd, 2 * H), f"{p}.self_attn.k_proj.weight": rnd(kv * hd, 2 * H),
+         f"{p}.self_attn.v_proj.weight": rnd(kv * hd, 2 * H), f"{p}.self_attn.o_proj.weight": rnd(H, heads * hd),
+         f"{p}.mlp.gate_proj.weight": rnd(inter, H), f"{p}.mlp.up_proj.weight": rnd(inter, H),
+         f"{p}.mlp.down_proj.weight": rnd(H, inter), "norm.weight": 1 + rnd(H), "lm_head.weight": rnd(draft_vocab, H)}
+    if kind == "qwen3":
+        t[f"{p}.self_attn.q_norm.weight"] = 1 + rnd(hd)
+        t[f"{p}.self_attn.k_norm.weight"] = 1 + rnd(hd)
+    ids = torch.randperm(VOCAB, generator=g)[:draft_vocab].sort().values
+    t["d2t"] = ids - torch.arange(draft_vocab)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    t["t2d"] = t2d
+    if with_embed:
+        t["embed_tokens.weight"] = rnd(VOCAB, H)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(t, str(path / "model.safetensors"))
+    return t
+
+
+def greedy_ar(target, prompt, n):
+    return sd.generate(target, prompt, None, max_new_tokens=n).tokens
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("names", ["midlayer", "layers.0"])
+@pytest.mark.parametrize("with_embed", [False, True])
+def test_speculators_checkpoint_loads_drafts_and_round_trips(tmp_path, kind, names, with_embed):
+    target = tiny_target(kind)
+    written = write_speculators_checkpoint(tmp_path / "in", kind, names, with_embed)
+    model = load_eagle3(tmp_path / "in", target)
+    state = model.state_dict()
+    for name, tensor in written.items():
+        ours = name.replace("midlayer.", "layers.0.")
+        assert torch.equal(state[ours], tensor), name
+    assert (model.embed_tokens is not None) == with_embed  # else the target's embedding is shared ...
+    model.to(torch.float64)  # ... and casting the drafter leaves the target alone
+    assert target.embed_tokens.weight.dtype == torch.float32
+    model.float()  # (float32 -> float64 -> float32 is exact)
+
+    # Lossless in the loop, on the family's own target.
+    drafter = Eagle3Drafter(model, target)
+    prompt = [5, 17, 33, 8, 61, 12]
+    ar = greedy_ar(target, prompt, 20)
+    for k in (1, 3, 5):
+        assert sd.generate(target, prompt, drafter, k=k, max_new_tokens=20).tokens == ar
+
+    # Our writer gives back the same tensors under the speculators names.
+    save_eagle3(model, tmp_path / "out", dtype=torch.float32)
+    again = load_file(str(tmp_path / "out" / "model.safetensors"))
+    expected = {n.replace("midlayer.", "layers.0."): t for n, t in written.items()}
+    assert again.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(again[name], expected[name]), name
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["transformer_layer_config"]["model_type"] == kind
+    reloaded = load_eagle3(tmp_path / "out", target)
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rotary_frequencies_match_transformers(rope_scaling):
+    """Published drafters (e.g. for Llama 3.1) use scaled RoPE; ours must equal HF's."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from specdec_learn.drafters.eagle3 import rope_inv_freq
+
+    layer = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16, "rope_theta": 5e5,
+             "max_position_embeddings": 1024, "intermediate_size": 128, "vocab_size": 50}
+    if rope_scaling:
+        layer["rope_scaling"] = rope_scaling
+    hf = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in layer.items() if k != "model_type"}))
+    torch.testing.assert_close(rope_inv_freq(layer, 16), hf.inv_freq.float())
+
+
+def test_mismatched_target_is_refused_naming_both_numbers(tmp_path):
+    write_speculators_checkpoint(tmp_path / "c", "llama", "layers.0", False)
+    wide = Target(tiny_llama(VOCAB, seed=1, hidden=48, layers=LAYERS), None)
+    with pytest.raises(ValueError, match=r"hidden size 32 .* 48"):
+        load_eagle3(tmp_path / "c", wide)
+    other_vocab = Target(tiny_llama(VOCAB + 4, seed=1, hidden=H, layers=LAYERS), None)
+    with pytest.raises(ValueError, match=rf"{VOCAB} tokens .* {VOCAB + 4}"):
+        load_eagle3(tmp_path / "c", other_vocab)
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    config["speculators_model_type"] = "eagle"
+    (tmp_path / "c" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="expected 'eagle3'"):
+        load_eagle3(tmp_path / "c")
+
+
+def test_drafting_step_by_step_equals_the_training_unroll():
+    """Inference (KV cache, positions, own-state feedback) and the TTT unroll compute the same thing."""
+    from specdec_learn.train.data import Example
+    from specdec_learn.train.eagle3 import capture, ttt_forward
+
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    model = new_eagle3(target, draft_ids=list(range(0, VOCAB, 2)), taps=(1, 3, 4)).float()
+    ids = torch.randint(3, VOCAB, (14,)).tolist()
+    example = Example("x", ids, [False] * 4 + [True] * 10)
+    feats = capture(target, [example], model.config.aux_layer_ids, progress=False, dtype=torch.float32)
+    steps = ttt_forward(model, target.embed_tokens, feats, steps=3)  # each [T, V_d]
+
+    drafter = Eagle3Drafter(model, target)
+    t = 6  # row t: target states 0..t, then drafts x_{t+2}, x_{t+3}, x_{t+4} from true tokens
+    state, out = target.prefill(ids[: t + 2], drafter.taps)
+    drafter.start(target, state, out.hidden)
+    g = model.fuse(torch.cat(drafter.pending, dim=-1))
+    x = drafter._step(g, ids[1 : t + 2], 0)[-1:]
+    for i in range(3):
+        torch.testing.assert_close(model.logits(x)[0], steps[i][t].detach(), atol=1e-4, rtol=1e-4)
+        x = drafter._step(x, [ids[t + 2 + i]], t + 1 + i)
+
+
+def test_twenty_training_steps_lower_the_loss(tmp_path):
+    from specdec_learn.train.data import Example
+    from specdec_learn.train.eagle3 import TrainConfig, capture, choose_draft_vocab, train
+
+    target = tiny_target("llama")
+    with torch.no_grad():  # a confident target (a random one is near-uniform: nothing to learn)
+        target.lm_head.weight.mul_(30)
+    g = torch.Generator().manual_seed(0)
+    # Learnable text: each example repeats a short random pattern.
+    examples = []
+    for i in range(12):
+        pattern = torch.randint(3, VOCAB, (4,), generator=g).tolist()
+        ids = [1] + pattern * 8
+        examples.append(Example(f"e{i}", ids, [False] * 5 + [True] * (len(ids) - 5)))
+    draft_ids = choose_draft_vocab(examples, 48, VOCAB, always=[2])
+    assert len(draft_ids) == 48 and 2 in draft_ids.tolist()
+    model = new_eagle3(target, draft_ids=draft_ids, taps=(1, 3, 4)).float()
+    feats = capture(target, examples, model.config.aux_layer_ids, progress=False)
+    cfg = TrainConfig(max_steps=20, tokens_per_batch=200, lr=3e-3, warmup_steps=1, eval_every=10**9)
+    result = train(target, model, feats, feats[:3], cfg, tmp_path, progress=False)
+    state = torch.load(tmp_path / "train_state.pt")
+    losses = [h["loss"] for h in state["history"] if "loss" in h]
+    assert result["steps"] == 20 and len(losses) == 20
+    assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:4]) / 4
+    # Resuming continues from the saved step instead of starting over.
+    cfg.max_steps = 22
+    assert train(target, model, feats, [], cfg, tmp_path, progress=False)["steps"] == 22
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, k):
+    """The shipped drafter (or a random one, when none is shipped) never changes greedy output."""
+    from specdec_learn.drafters.eagle3 import shipped_checkpoint
+
+    try:
+        drafter = Eagle3Drafter(load_eagle3(shipped_checkpoint(target), target), target)
+    except ValueError:  # nothing shipped yet: a random drafter (test_shipped_drafter_is_small_and_loads fails)
+        drafter = Eagle3Drafter(new_eagle3(target, draft_ids=list(range(4096))), target)
+    for prompt in real_prompts[:10] + real_prompts[-1:]:
+        ar = sd.generate(target, prompt, None, max_new_tokens=24).tokens
+        assert sd.generate(target, prompt, drafter, k=k, max_new_tokens=24).tokens == ar, prompt[:40]
+
+
+@pytest.mark.slow
+def test_shipped_drafter_is_small_and_loads(target):
+    from specdec_learn.drafters.eagle3 import shipped_checkpoint
+    from specdec_learn.zoo import make_drafter
+
+    path = shipped_checkpoint(target)
+    size_mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
+    assert size_mb < 25, f"the shipped EAGLE-3 drafter takes {size_mb:.1f} MB"
+    assert (path / "README.md").is_file()
+    drafter = make_drafter("eagle3", target)
+    assert drafter.taps == (2, 15, 27)
+
+
+def test_sampled_drafts_put_mass_only_on_the_draft_vocabulary(tmp_path):
+    from specdec_learn.sampling import Sampling
+
+    target = tiny_target("llama")
+    write_speculators_checkpoint(tmp_path, "llama", "layers.0", False)
+    drafter = Eagle3Drafter(load_eagle3(tmp_path, target), target)
+    prompt = [5, 17, 33, 8]
+    state, out = target.prefill(prompt, drafter.taps)
+    drafter.start(target, state, out.hidden)
+    proposal = drafter.propose(state, 3, Sampling(temperature=0.8), torch.Generator().manual_seed(0))
+    outside = ~drafter.model.t2d
+    assert proposal.q.shape == (3, VOCAB)
+    assert torch.allclose(proposal.q.sum(-1), torch.ones(3)) and proposal.q[:, outside].sum() == 0
+    assert all(drafter.model.t2d[t] for t in proposal.tokens)
+    # The whole loop runs under sampling too.
+    sd.generate(target, prompt, drafter, k=3, max_new_tokens=12, sampling=Sampling(temperature=0.8), seed=1)

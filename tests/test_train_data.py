@@ -1,0 +1,77 @@
+"""The shared training-data pipeline: train split only, resumable, readable back."""
+
+import json
+
+import pytest
+
+from specdec_learn.train import data
+from specdec_learn.workloads import WORKLOADS, Prompt, is_benchmark_prompt, load_workload
+
+
+def test_training_prompts_never_include_a_benchmark_prompt():
+    prompts = data.training_prompts()
+    held_out = data.bench_texts()
+    assert len(held_out) > 50
+    assert not [p.id for p in prompts if is_benchmark_prompt(p.id)]
+    assert not [p.id for p in prompts if p.text in held_out]
+    ids = {p.id for p in prompts}
+    assert len(ids) == len(prompts), "prompt ids must be unique"
+    # Every train-split workload prompt is in, plus many more generated ones.
+    train_split = {p.id for name in WORKLOADS for p in load_workload(name, split="train")}
+    assert train_split <= ids
+    assert len(prompts) > 3 * len(train_split)
+    assert {p.workload for p in prompts} >= {"gen-code", "gen-math", "gen-chat"}
+
+
+def test_a_benchmark_prompt_is_refused(tmp_path):
+    bench = load_workload("math", n=1, split="bench")[0]
+    with pytest.raises(ValueError, match="benchmark split"):
+        data.build_dataset(None, tmp_path, [bench])
+    # ... even under another id, by its text.
+    with pytest.raises(ValueError, match="benchmark split"):
+        data.build_dataset(None, tmp_path, [Prompt("mine/1", bench.text, "file")])
+    with pytest.raises(ValueError, match="benchmark prompts"):
+        data.check_no_benchmark_prompts_by_id([bench.id])
+
+
+def test_load_examples_reads_shards_and_skips_a_half_written_line(tmp_path):
+    rows = [{"id": "a", "variant": "greedy", "input_ids": [1, 2, 3, 4], "num_prompt_tokens": 2},
+            {"id": "b", "variant": "T0.8s1", "input_ids": [5, 6, 7], "num_prompt_tokens": 1}]
+    text = "\n".join(json.dumps(r) for r in rows) + '\n{"id": "c", "input_'
+    (tmp_path / "greedy-000.jsonl").write_text(text)
+    examples = data.load_examples(tmp_path)
+    assert [(e.id, e.variant) for e in examples] == [("a", "greedy"), ("b", "T0.8s1")]
+    assert examples[0].loss_mask == [False, False, True, True]
+    assert examples[0].num_prompt_tokens == 2
+    assert data.done_keys(tmp_path) == {("a", "greedy"), ("b", "T0.8s1")}
+
+
+def test_split_examples_keeps_all_variants_of_a_prompt_together():
+    examples = [data.Example(f"p{i}", [1, 2], [False, True], v) for i in range(200) for v in ("greedy", "T0.8s1")]
+    train, held = data.split_examples(examples, eval_fraction=0.1)
+    assert len(train) + len(held) == 400 and 0 < len(held) < 80
+    assert not {e.id for e in train} & {e.id for e in held}
+
+
+@pytest.mark.slow
+def test_build_dataset_is_resumable(target, tmp_path):
+    prompts = data.training_prompts()[:3]
+    data.build_dataset(target, tmp_path, prompts[:2], max_new_tokens=4, batch_size=2, progress=False)
+    first = data.load_examples(tmp_path)
+    assert sorted(e.id for e in first) == sorted(p.id for p in prompts[:2])
+    for ex in first:
+        n = ex.num_prompt_tokens
+        assert ex.input_ids[:n] == target.encode(next(p.text for p in prompts if p.id == ex.id))
+        assert 1 <= len(ex.input_ids) - n <= 4
+    # Same call again: nothing new. One more prompt: only that one is answered.
+    data.build_dataset(target, tmp_path, prompts, max_new_tokens=4, batch_size=2, progress=False)
+    again = data.load_examples(tmp_path)
+    assert len(again) == 3 and [e.id for e in again[:2]] == [e.id for e in first]
+    # A greedy answer equals what the loop's AR decoding gives (batched, left-padded generate is exact in fp32).
+    import specdec_learn as sd
+
+    ex = again[0]
+    assert ex.input_ids[ex.num_prompt_tokens :] == sd.generate(target, ex.input_ids[: ex.num_prompt_tokens],
+                                                               None, max_new_tokens=4).tokens
+    taps = data.capture_taps(target, ex, (2, 15))
+    assert taps[2].shape == (len(ex.input_ids), target.hidden_size)
