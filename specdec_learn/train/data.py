@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..models import cache_dir
 from ..workloads import WORKLOADS, Prompt, is_benchmark_prompt, load_workload
 from .prompts import generated_prompts
 
@@ -51,8 +51,7 @@ class Example:
 
 def default_dir(target_name: str) -> Path:
     """$SPECDEC_CACHE/data/<target-name>/ (the dataset is regenerated, never committed)."""
-    root = Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec_learn"))
-    return root / "data" / Path(target_name).name
+    return cache_dir() / "data" / Path(target_name).name
 
 
 # --- prompts -----------------------------------------------------------------
