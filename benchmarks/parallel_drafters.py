@@ -11,7 +11,6 @@ speedup is against the AR row of the same run (bench.py explains why).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch

@@ -37,7 +37,7 @@ def test_taps_are_hf_hidden_states_and_only_those(target):
 def test_commit_crops_cache_to_accepted_prefix(target):
     ids = target.encode("Say hello.")
     state, _ = target.prefill(ids)
-    out = target.verify(state, [100, 200, 300])
+    target.verify(state, [100, 200, 300])
     assert state.cache.get_seq_length() == len(ids) + 3
     target.commit(state, [100, 7])  # one draft accepted, then the target's own token
     assert state.ids == ids + [100, 7]
