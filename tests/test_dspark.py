@@ -100,8 +100,10 @@ def test_dspark_is_lossless_with_heads_on_and_off(target, parity_prompts, ar_out
     assert max(sizes) == {None: k, 0.5: 1, 0.3: 2}[gate]
 
 
-def test_dspark_samples_losslessly_with_the_markov_head(target, random_dspark):
-    """Under sampling the drafter hands over q per slot (base + bias), and the output stays the target's."""
+def test_dspark_sampling_with_the_markov_head_is_reproducible(target, random_dspark):
+    """Sampled drafting (q = base + Markov bias per slot) runs through rejection sampling and
+    repeats exactly under the same seed. (That the sampler is lossless is checked on
+    distributions in test_verify.py and test_sampling_e2e.py.)"""
     sampling = sd.Sampling(temperature=0.8, top_p=0.95)
     drafter = DSparkDrafter(random_dspark, markov=True, gate=0.3)
     prompt = "Name three fruits."
