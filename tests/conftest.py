@@ -57,3 +57,13 @@ def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: 
     from specdec_learn.target import Target
 
     return Target(tiny_llama(vocab_size, seed=seed, hidden=hidden, layers=layers), None, name="tiny-llama")
+
+
+def check_parity(target, prompts, ar_outputs, drafter, k, max_new_tokens=40):
+    """Every drafter's greedy output must equal AR's, token for token; returns the summed Stats."""
+    total = sd.Stats()
+    for prompt, ar in zip(prompts, ar_outputs):
+        out = sd.generate(target, prompt, drafter, k=k, max_new_tokens=max_new_tokens)
+        assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
+        total = total + out.stats
+    return total

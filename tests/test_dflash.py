@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen3Config
 
 import specdec_learn as sd
+from conftest import check_parity
 from specdec_learn.drafters.dflash import (
     DFlashDrafter,
     DFlashModel,
@@ -39,15 +40,6 @@ def ar_outputs(target, parity_prompts):
 def random_dflash(target):
     torch.manual_seed(0)
     return DFlashDrafter(DFlashModel(draft_config(target, num_layers=2, block_size=16)))
-
-
-def check_parity(target, prompts, ar_outputs, drafter, k):
-    total = sd.Stats()
-    for prompt, ar in zip(prompts, ar_outputs):
-        out = sd.generate(target, prompt, drafter, k=k, max_new_tokens=MAX_NEW)
-        assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
-        total = total + out.stats
-    return total
 
 
 @pytest.mark.parametrize("k", [3, 15])

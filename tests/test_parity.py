@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from conftest import tiny_llama
+from conftest import check_parity, tiny_llama
 
 MAX_NEW = 40
 
@@ -30,15 +30,6 @@ def test_ar_loop_equals_hf_generate(target, real_prompts, ar_outputs):
 def test_some_prompt_stops_at_eos(target, ar_outputs):
     stopped = [o for o in ar_outputs if o.tokens[-1] in target.eos_ids]
     assert stopped and all(len(o.tokens) < MAX_NEW for o in stopped)
-
-
-def check_parity(target, prompts, ar_outputs, drafter, k):
-    total = sd.Stats()
-    for prompt, ar in zip(prompts, ar_outputs):
-        out = sd.generate(target, prompt, drafter, k=k, max_new_tokens=MAX_NEW)
-        assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
-        total = total + out.stats
-    return total
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
