@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     _common(b)
     b.add_argument("--methods", default="ar,ngram", help=f"comma-separated, from: {', '.join(METHODS)}")
     b.add_argument("--k", type=_int_list, default=[1, 3, 5], help="comma-separated draft lengths")
-    b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, or a JSONL file of {\"prompt\": ...}")
+    b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, edits, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
     b.add_argument("--json", default=None, help="write the results here")
     b.add_argument("--batch-size", type=int, default=1, help="prompts per vLLM call (--backend vllm only)")
@@ -161,7 +161,8 @@ def _generate_vllm(args, sampling) -> int:
 
 def _add_train_parser(sub) -> None:
     t = sub.add_parser("train", help="train a learned drafter on the target's own answers (CPU is enough)")
-    t.add_argument("method", choices=["eagle3", "dflash", "dspark"])
+    t.add_argument("method", choices=["data", "eagle3", "dflash", "dspark"],
+                   help="data = only let the target answer training prompts (the dataset every drafter reads)")
     t.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
     t.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16", help="target dtype for data and taps")
     t.add_argument("--device", default=None)
@@ -175,9 +176,17 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-progress", action="store_true")
+    d = t.add_argument_group("data (specdec train data)")
+    d.add_argument("--backend", choices=["native", "vllm"], default="native",
+                   help="who generates: HF generate, or vLLM's batching (several times faster; needs vLLM)")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = the greedy answer; > 0 = sampled answers")
+    d.add_argument("--max-new-tokens", type=int, default=256)
+    d.add_argument("--batch-size", type=int, default=None, help="prompts per batch (default 16 native, 128 vLLM)")
 
 
 def _train(args) -> int:
+    if args.method == "data":
+        return _train_data(args)
     if args.method in ("dflash", "dspark"):  # the block drafters' recipes read the same arguments
         from importlib import import_module
 
@@ -191,6 +200,29 @@ def _train(args) -> int:
                              budget_minutes=args.budget_minutes, seed=args.seed)
     recipe.run(target, args.data_dir, args.out, args.draft_vocab, args.generate_minutes, cfg=cfg,
                progress=not args.no_progress)
+    return 0
+
+
+def _train_data(args) -> int:
+    """Answer the training prompts not yet answered (resumable), with the target or with vLLM."""
+    from .train import data
+
+    minutes = args.generate_minutes or args.budget_minutes
+    data_dir = args.data_dir or data.default_dir(args.target)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                  budget_s=minutes * 60 if minutes else None, progress=not args.no_progress)
+    if args.backend == "vllm":
+        from .vllm_backend import VllmEngine
+
+        with VllmEngine(args.target, method="ar", dtype=args.dtype, seed=args.seed) as engine:
+            data.build_dataset(None, data_dir, data.training_prompts(), batch_size=args.batch_size or 128,
+                               engine=engine, **kwargs)
+    else:
+        target = load(args.target, dtype=args.dtype, device=args.device)
+        data.build_dataset(target, data_dir, data.training_prompts(), batch_size=args.batch_size or 16, **kwargs)
+    examples = data.load_examples(data_dir)
+    tokens = sum(sum(ex.loss_mask) for ex in examples)
+    print(f"{data_dir}: {len(examples)} examples, {tokens} response tokens")
     return 0
 
 

