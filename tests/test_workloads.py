@@ -27,7 +27,8 @@ def test_prompts_are_well_formed_with_unique_prefixed_ids(name):
     assert len({p.id for p in prompts}) == len(prompts)
     for p in prompts:
         assert isinstance(p, Prompt)
-        assert p.workload == name and p.id.startswith(f"{name}/")
+        prefix = "humaneval/" if name == "edits" else f"{name}/"  # an edit carries its function's id
+        assert p.workload == name and p.id.startswith(prefix)
         assert p.text.strip()
 
 
@@ -35,6 +36,18 @@ def test_sizes():
     assert len(load_workload("humaneval", split="all")) == 164
     assert 50 <= len(load_workload("math", split="all")) <= 80
     assert 50 <= len(load_workload("chat", split="all")) <= 80
+
+
+def test_edits_come_in_fours_and_share_their_functions_split():
+    edits = load_workload("edits", split="all")
+    assert len(edits) == 4 * 164
+    for i in range(0, len(edits), 4):
+        group = edits[i : i + 4]
+        function = group[0].id.split("#")[0]
+        assert [p.id for p in group] == [f"{function}#{name}" for name in ("rename", "comment", "nodoc", "hints")]
+        assert len({p.text.split("```")[1] for p in group}) == 1  # the same code each time
+    humaneval_bench = {p.id for p in load_workload("humaneval", split="bench")}
+    assert {p.id.split("#")[0] for p in load_workload("edits", split="bench")} == humaneval_bench
 
 
 def test_humaneval_prompt_is_instruction_plus_stub():

@@ -8,8 +8,9 @@ from .eagle3 import Eagle3Drafter
 from .gemma4_mtp import Gemma4AssistantDrafter
 from .mtp import MTPDrafter
 from .ngram import NgramDrafter
+from .suffix import SuffixDrafter
 
 __all__ = [
     "Drafter", "Proposal", "NgramDrafter", "DraftModelDrafter", "Eagle3Drafter", "MTPDrafter", "Gemma4AssistantDrafter",
-    "DFlashDrafter", "DSparkDrafter",
+    "DFlashDrafter", "DSparkDrafter", "SuffixDrafter",
 ]

@@ -3,6 +3,7 @@
     start(target, state, hidden)   once, after the target prefilled the prompt
     propose(state, k, ...)         up to k draft tokens (+ their probabilities q)
     observe(state, n, hidden)      after each round: n drafts were accepted
+    forget()                       drop anything kept across requests (a benchmark run starts clean)
 
 The drafters in this library read the target in different ways, and the
 interface leaves room for all of them:
@@ -62,3 +63,6 @@ class Drafter:
 
     def observe(self, state, accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """The round is committed: `accepted` drafts kept, `hidden` rows for [last, d1..dn]."""
+
+    def forget(self) -> None:
+        """Drop what was learned from earlier requests (only suffix decoding keeps anything across them)."""
