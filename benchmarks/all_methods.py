@@ -1,0 +1,144 @@
+"""Every method at its draft lengths, on every workload, side by side in one run; the machine's limits beside them.
+
+    .venv/bin/python benchmarks/all_methods.py             # default: <= 30 min on 2 cores
+    .venv/bin/python benchmarks/all_methods.py --prompts 10 --max-new-tokens 128   # closer to the README's bench
+    make benchmarks                                          # this, then HF and vLLM side by side
+
+For each workload (held-out HumanEval, math, chat, and the repeated-edits
+set), `bench` runs plain decoding first and then every (method, k), on the
+same prompts, in one process: the speedups are ratios within one run. Beside
+them, the physical limits (specdec_learn/limits.py): the machine's read
+bandwidth, the AR ceiling it allows, our AR as a fraction of it, and each
+run's tokens per round L and the speedup its measured round cost allows.
+
+Writes benchmarks/results/all_methods.json (with the machine) and three
+figures: speedup vs k per workload, per-position acceptance of each method's
+best k, and the best speedup per workload. This is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+import specdec_learn as sd
+from specdec_learn import plots
+from specdec_learn.bench import bench, format_table, machine_info
+from specdec_learn.limits import ar_ceiling, predicted_speedup, read_bandwidth, weight_bytes
+from specdec_learn.workloads import load_workload
+
+RESULTS = Path(__file__).parent / "results"
+
+# The draft lengths each method is measured at: around its best on this CPU, and within what it can draft.
+KS = {
+    "ngram": [1, 3, 5],
+    "suffix": [3, 5, 8],
+    "eagle3": [1, 2, 3, 4, 5, 6],
+    "mtp": [1, 2, 3],
+    "gemma4_mtp": [1, 2, 3],
+    "dflash": [3, 7],
+    "dspark": [3, 7],
+}
+WORKLOADS = ("humaneval", "math", "chat", "edits")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", type=int, default=3, help="held-out prompts per workload")
+    p.add_argument("--edit-functions", type=int, default=2, help="functions of the edits workload (4 requests each)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--methods", default=",".join(KS), help=f"comma-separated, from {', '.join(KS)}")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--out", default=str(RESULTS / "all_methods.json"))
+    args = p.parse_args()
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in KS]
+    if unknown:
+        raise SystemExit(f"No draft lengths for {unknown}: choose from {', '.join(KS)}.")
+
+    t0 = time.perf_counter()
+    target = sd.load("smollm2-135m", dtype=args.dtype, device="cpu")
+    bandwidth = read_bandwidth()
+    ceiling = ar_ceiling(target, bandwidth)
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; weights {weight_bytes(target.model) / 1e6:.0f} MB per token; "
+          f"AR ceiling {ceiling:.1f} tok/s")
+
+    results = {"machine": machine_info(target), "config": vars(args), "ks": {m: KS[m] for m in methods},
+               "read_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weight_bytes(target.model),
+               "ar_ceiling_tok_per_s": ceiling, "workloads": {}}
+    all_records = {}
+    for workload in args.workloads.split(","):
+        prompts = load_workload(workload, n=4 * args.edit_functions if workload == "edits" else args.prompts)
+        records = bench(target, methods, {m: KS[m] for m in methods}, prompts, args.max_new_tokens, progress=True)
+        all_records[workload] = records
+        ar = records[0]
+        rows = []
+        for r in records:
+            tokens_per_round, allowed = predicted_speedup(r.stats, ar.stats)
+            rows.append({**r.to_json(), "tokens_per_round": tokens_per_round, "speedup_allowed_by_round_cost": allowed})
+        best = max(records[1:], key=lambda r: r.speedup)
+        results["workloads"][workload] = {
+            "num_prompts": len(prompts), "runs": rows,
+            "ar_fraction_of_ceiling": ar.stats.tok_per_s / ceiling,
+            "best": {"method": best.method, "k": best.k, "speedup": best.speedup},
+        }
+        print(f"\n{workload}: {len(prompts)} prompts x {args.max_new_tokens} tokens, {args.dtype}; "
+              f"AR at {ar.stats.tok_per_s / ceiling:.0%} of the ceiling")
+        print(format_table(records))
+    results["minutes"] = (time.perf_counter() - t0) / 60
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    figures(all_records, out.with_suffix(""), results["machine"])
+    print(f"\nwritten {out} and figures in {results['minutes']:.1f} min")
+
+
+def figures(all_records: dict, stem: Path, machine: dict) -> None:
+    label = f"{machine['cpu']}, {machine['torch_threads']} threads, {machine.get('dtype')}"
+    n = len(all_records)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True)
+    for ax, (workload, records) in zip(axes if n > 1 else [axes], all_records.items()):
+        plots.speedup_vs_k(records, ax)
+        ax.set_title(workload)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"Speedup over our AR vs k  [{label}]", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(f"{stem}_speedup_vs_k.png", dpi=110)
+
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True)
+    for ax, (workload, records) in zip(axes if n > 1 else [axes], all_records.items()):
+        best = {}
+        for r in records[1:]:
+            if r.method not in best or r.speedup > best[r.method].speedup:
+                best[r.method] = r
+        plots.per_position_acceptance(list(best.values()), ax)
+        ax.set_title(f"{workload}: each method at its best k")
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(f"{stem}_acceptance.png", dpi=110)
+
+    methods = list(dict.fromkeys(r.method for records in all_records.values() for r in records[1:]))
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(methods), 3.6))
+    width = 0.8 / n
+    for i, (workload, records) in enumerate(all_records.items()):
+        best = [max((r.speedup for r in records if r.method == m), default=0) for m in methods]
+        ax.bar([j + i * width for j in range(len(methods))], best, width, label=workload)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks([j + (n - 1) * width / 2 for j in range(len(methods))], methods)
+    ax.set(ylabel="best speedup over AR", title=f"Best speedup per workload  [{label}]")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(f"{stem}_best.png", dpi=110)
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

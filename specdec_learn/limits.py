@@ -1,0 +1,67 @@
+"""The physical limits: how fast decoding could be on this machine, and how fast speculation could be.
+
+Plain decoding at batch 1 reads every weight of the model once per token, and
+does little arithmetic on each (chapter 1). So its speed is bounded by the
+memory system, not by the arithmetic units:
+
+    tokens/s  <=  read bandwidth (bytes/s) / bytes of weights read per token
+
+`read_bandwidth` measures the first number the way a forward pass uses memory
+(streaming a large tensor once, on all the threads torch uses);
+`weight_bytes` counts the second. `ar_ceiling` divides them. Real decoding
+also reads the KV cache and runs code between the matrix products, so it
+reaches a fraction of the ceiling; how large a fraction tells whether a
+faster kernel or less Python is worth looking for.
+
+Speculation cannot beat its own ceiling either. A round that emits L tokens
+(the mean acceptance length) costs the drafting plus one wider verify pass.
+Measured in plain decoding steps, that cost is c, and the speedup is at most
+L / c (`predicted_speedup`). A drafter with perfect acceptance and free
+drafting gives L = k + 1 and c = T(k+1)/T(1), the verify pass alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def read_bandwidth(mbytes: int = 512, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes per second when a tensor much larger than the caches is read once (best of `repeats`)."""
+    x = torch.ones(mbytes * 2**20 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms up (page faults, thread pool)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        x.sum()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter once (tied embeddings count once)."""
+    unique = {p.data_ptr(): p for p in model.parameters()}
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+def ar_ceiling(target, bandwidth: float) -> float:
+    """The most tokens/s plain decoding can reach: bandwidth / bytes of weights per token."""
+    return bandwidth / weight_bytes(target.model)
+
+
+def predicted_speedup(stats, ar_stats) -> tuple[float, float]:
+    """(L, L / c): tokens per round, and the speedup the measured round cost allows.
+
+    c = (draft + verify time per round) / (time per plain decoding step), both
+    taken from the same benchmark run. The measured speedup falls below L / c
+    by what the loop spends outside drafting and verifying (prefill, Python).
+    """
+    rounds = max(stats.num_rounds, 1)
+    step = ar_stats.verify_time / max(ar_stats.num_rounds, 1)  # one plain decoding step
+    cost = (stats.draft_time + stats.verify_time) / rounds / step
+    tokens_per_round = stats.num_output_tokens / rounds
+    return tokens_per_round, tokens_per_round / cost
