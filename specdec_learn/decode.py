@@ -74,6 +74,11 @@ def generate(
         k = 0
     else:
         drafter.check_k(k)
+        if not target.can_roll_back:
+            raise ValueError(
+                f"{target.name} has linear-attention layers, whose recurrent state cannot drop rejected drafts: "
+                "the readable loop runs it without a drafter only. Speculate on it with vLLM (backend='vllm')."
+            )
     prompt_ids = target.encode(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
     if not prompt_ids:
         raise ValueError("The prompt is empty: give the model some text to continue.")

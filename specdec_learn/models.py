@@ -132,6 +132,28 @@ def model_path(name_or_path: str, cache: str | os.PathLike | None = None) -> str
     )
 
 
+def drafter_dir(name_or_path: str) -> Path:
+    """A drafter checkpoint as a local folder: a folder as it is, a hub id downloaded (once) by huggingface_hub.
+
+    The drafter loaders read config.json and safetensors files themselves, so
+    a hub id such as "RedHatAI/Qwen3-8B-speculator.eagle3" is fetched first.
+    """
+    if Path(name_or_path).exists():
+        return Path(name_or_path)
+    if "/" not in str(name_or_path):
+        raise ValueError(f"No drafter folder {name_or_path!r}: give a local checkpoint folder or a hub id (owner/name).")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(name_or_path)))
+    except Exception as error:  # offline, unknown repo, gated repo: say what to do
+        raise ValueError(
+            f"Could not fetch the drafter {name_or_path!r} from the Hugging Face hub ({type(error).__name__}). "
+            "Download it where there is network (huggingface-cli download <id> --local-dir <folder>) "
+            "and pass the folder instead."
+        ) from error
+
+
 def load_hf(name_or_path: str, dtype=None, device: str | None = None, cache=None):
     """(model, tokenizer) in eval mode, on `device`, in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -77,6 +77,18 @@ class Target:
             eos = tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
 
+    @property
+    def can_roll_back(self) -> bool:
+        """Whether rejected drafts can be taken back out of the cache.
+
+        Attention caches crop: drop the last positions and they were never
+        there. Linear-attention layers (Qwen3.5, Qwen3-Next) fold every token
+        into one recurrent state, which cannot be un-folded, so speculation on
+        such a target needs per-draft state snapshots that this loop does not
+        keep (vLLM does: use backend="vllm").
+        """
+        return "linear_attention" not in (getattr(self.config, "layer_types", None) or ())
+
     # -- the model's parts that drafters share ---------------------------
     @property
     def device(self) -> torch.device:

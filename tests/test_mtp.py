@@ -83,7 +83,7 @@ def tiny_qwen3_5():
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(0)
-    # All full attention: our Target cannot yet roll back Qwen3.5's linear-attention state.
+    # All full attention: our Target cannot roll back linear-attention state (see the last test).
     cfg = Qwen3_5TextConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, layer_types=["full_attention"] * 2, eos_token_id=1,
@@ -182,3 +182,20 @@ def test_zoo_without_a_shipped_head_says_what_to_do():
 
     with pytest.raises(ValueError, match="draft="):
         make_drafter("mtp", tiny_target())
+
+
+def test_linear_attention_target_is_refused_for_speculation_but_decodes_plainly():
+    """Qwen3.5's linear-attention state cannot drop rejected drafts: a clear error, not a wrong answer."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention"], eos_token_id=1,
+        bos_token_id=None, pad_token_id=None,
+    )
+    target = Target(Qwen3_5ForCausalLM(cfg).eval(), None, name="tiny-qwen3.5")
+    assert not target.can_roll_back
+    assert len(sd.generate(target, list(range(3, 20)), max_new_tokens=4).tokens) == 4
+    with pytest.raises(ValueError, match="linear-attention.*vllm"):
+        sd.generate(target, list(range(3, 20)), sd.NgramDrafter(), k=2, max_new_tokens=4)
