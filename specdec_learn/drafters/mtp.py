@@ -308,6 +308,10 @@ def mtp_checkpoint(target) -> Path:
     name = Path(str(target.name))
     if (name / "config.json").is_file():
         return name  # a local checkpoint: native MTP reads the target's own files
+    if "/" in str(target.name) and not name.exists():  # a hub id: the same files, from the HF cache
+        from ..models import drafter_dir
+
+        return drafter_dir(str(target.name))
     folder = Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED.get(name.name, "-")
     if not (folder / "config.json").is_file():
         raise ValueError(
