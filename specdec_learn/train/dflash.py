@@ -145,11 +145,11 @@ def shared_taps(target) -> tuple[int, ...]:
 def load_features(target, data_dir=None):
     """(train, held-out) Features of the dataset: taps + the target's last state, cached on disk.
 
-    This is the EAGLE-3 recipe's `capture` and its cache folder
+    This is data.capture, the EAGLE-3 recipe's capture, and its cache folder
     (data_dir/taps-<taps>-<dtype>): the target runs once per example for all
     three learned drafters.
     """
-    from .eagle3 import capture
+    from .data import capture
 
     data_dir = Path(data_dir or default_dir(target.name))
     examples = load_examples(data_dir)

@@ -17,7 +17,6 @@ against the target's distribution over the draft vocabulary, weighted 0.8^i.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -30,7 +29,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..drafters.eagle3 import Eagle3Model, save_eagle3
-from .data import Example, capture_taps
+from .data import Example, Features, capture
 
 
 @dataclass
@@ -69,53 +68,6 @@ def choose_draft_vocab(examples: list[Example], size: int, vocab_size: int, alwa
 
 
 # --- features: what the target gives each example ----------------------------------------
-
-
-@dataclass
-class Features:
-    """One example, as the drafter trains on it."""
-
-    ids: torch.Tensor  # [T] token ids
-    loss_mask: torch.Tensor  # [T] bool, True on response tokens
-    taps: torch.Tensor  # [T, 3 H_t] the three tapped states, concatenated in tap order
-    last: torch.Tensor  # [T, H] target's final-normed last state (its logits = lm_head(last))
-    top1: torch.Tensor  # [T] the target's argmax over its FULL vocabulary
-
-
-def example_key(ex: Example) -> str:
-    return hashlib.sha1(f"{ex.id}|{ex.variant}|{len(ex.input_ids)}".encode()).hexdigest()[:16]
-
-
-@torch.inference_mode()
-def capture(target, examples: list[Example], taps, cache_dir=None, progress: bool = True,
-            dtype=torch.bfloat16) -> list[Features]:
-    """Run the target once over each example; keep taps + final state (in `dtype`), on disk if cache_dir is given.
-
-    Resumable: an example already in cache_dir is read back, not recomputed.
-    """
-    taps = tuple(taps)
-    cache_dir = Path(cache_dir) if cache_dir is not None else None
-    if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    out = []
-    for ex in tqdm(examples, desc="capturing taps", disable=not progress):
-        path = cache_dir / f"{example_key(ex)}.pt" if cache_dir is not None else None
-        if path is not None and path.exists():
-            out.append(Features(**torch.load(path)))
-            continue
-        hidden = capture_taps(target, ex, (*taps, target.num_layers))
-        last = target.final_norm(hidden[target.num_layers])  # [T, H]
-        feats = Features(
-            ids=torch.tensor(ex.input_ids),
-            loss_mask=torch.tensor(ex.loss_mask),
-            taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype).cpu(),
-            last=last.to(dtype).cpu(),
-            top1=target.lm_head(last).argmax(-1).cpu(),
-        )
-        if path is not None:
-            torch.save(asdict(feats), path)
-        out.append(feats)
-    return out
 
 
 # --- the TTT forward and loss -----------------------------------------------------------
