@@ -1,0 +1,35 @@
+"""The physical limits: what they count, on hand-made numbers."""
+
+import pytest
+from conftest import tiny_llama
+
+from specdec_learn.limits import ar_ceiling, predicted_speedup, read_bandwidth, weight_bytes
+from specdec_learn.stats import Round, Stats
+from specdec_learn.target import Target
+
+
+def test_weight_bytes_counts_tied_embeddings_once():
+    model = tiny_llama(64, hidden=16)
+    params = sum(p.numel() for p in model.parameters())  # parameters() already yields a tied tensor once
+    assert weight_bytes(model) == 4 * params
+    model.lm_head.weight = model.model.embed_tokens.weight  # tie them
+    assert weight_bytes(model) == 4 * (params - 64 * 16)
+
+
+def test_ceiling_is_bandwidth_over_bytes_per_token():
+    target = Target(tiny_llama(64, hidden=16), None)
+    assert ar_ceiling(target, 1e9) == pytest.approx(1e9 / weight_bytes(target.model))
+    assert read_bandwidth(mbytes=8, repeats=2) > 1e8  # any machine streams more than 100 MB/s
+
+
+def test_predicted_speedup_from_round_costs():
+    ar = Stats()
+    for _ in range(10):  # a plain step costs 10 ms
+        ar.record(Round(0, 0, draft_time=0.0, verify_time=0.010))
+    spec = Stats()
+    for _ in range(4):  # rounds of 3 tokens that cost 12 ms verify + 3 ms drafting
+        spec.record(Round(3, 2, draft_time=0.003, verify_time=0.012))
+    spec.num_output_tokens = 12
+    tokens_per_round, allowed = predicted_speedup(spec, ar)
+    assert tokens_per_round == 3
+    assert allowed == pytest.approx(3 / 1.5)
