@@ -93,3 +93,12 @@ def test_toc_lists_exactly_the_chapters():
     toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
     listed = [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
     assert listed == [f"chapters/{p.stem}" for p in CHAPTERS], "book/_toc.yml and notebooks/ disagree"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_headings_hold_no_math(path):
+    """A heading is also an entry of the page's contents sidebar, where MathJax renders hidden or badly."""
+    nb = nbformat.read(path, as_version=4)
+    headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                if line.startswith("#")]
+    assert not [h for h in headings if "$" in h], f"{path.name}: write these headings without $...$ math"
