@@ -138,6 +138,21 @@ def test_ngram_acceptance_close_to_our_ngram(engine, batch, target, real_prompts
     assert abs(call.draft_acceptance_rate - ours.draft_acceptance_rate) < 0.15
 
 
+def test_eagle3_acceptance_within_15_percent_of_ours(engine, batch, target, real_prompts, eagle3_dir):
+    """vLLM's eagle3 drafts with our checkpoint: same outputs, so the acceptance must be close to our loop's."""
+    if engine.method != "eagle3":
+        pytest.skip("only for eagle3")
+    from specdec_learn.drafters.eagle3 import Eagle3Drafter, load_eagle3
+
+    _, call = batch
+    drafter = Eagle3Drafter(load_eagle3(eagle3_dir, target), target)
+    ours = sd.Stats()
+    for p in real_prompts:
+        ours = ours + sd.generate(target, p, drafter, k=K, max_new_tokens=MAX_NEW).stats
+    print(f"\nmean acceptance length: vLLM {call.mean_acceptance_length:.3f}, ours {ours.mean_acceptance_length:.3f}")
+    assert call.mean_acceptance_length == pytest.approx(ours.mean_acceptance_length, rel=0.15)
+
+
 def test_single_generate_is_timed(engine, real_prompts, ar_outputs):
     out = engine.generate(real_prompts[0], max_new_tokens=MAX_NEW)
     assert isinstance(out, sd.Generation)
