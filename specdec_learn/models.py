@@ -165,3 +165,90 @@ def load_hf(name_or_path: str, dtype=None, device: str | None = None, cache=None
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+# --- drafters shipped without their vocabulary table ----------------------------------
+#
+# A drafter's tied embedding / LM head (49,152 rows for SmolLM2) is most of its
+# bytes. The shipped draft model and Gemma-4-style assistant learn theirs as a
+# projection of the target's, E_draft = E_target · P, so their checkpoint folders
+# hold P ("embed_projection" [H_target, d]) instead of the table, and
+# `materialize` writes the complete HF folder into the cache on first use.
+
+TABLE = "model.embed_tokens.weight"
+PROJECTION = "embed_projection"
+
+
+def target_embedding(target_dir) -> torch.Tensor:
+    """The token embedding [V, H] of the HF model in `target_dir`, read from its safetensors files."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            if TABLE in f.keys():
+                return f.get_tensor(TABLE)
+    raise FileNotFoundError(f"No {TABLE} in {target_dir}/*.safetensors.")
+
+
+def strip_table(folder, proj: torch.Tensor) -> None:
+    """folder/model.safetensors: drop the vocabulary table (it is E_target · P) and keep P instead, bf16."""
+    from safetensors.torch import load_file, save_file
+
+    file = Path(folder) / "model.safetensors"
+    tensors = {k: v for k, v in load_file(file).items() if k != TABLE}
+    tensors[PROJECTION] = proj.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def materialize(folder, target_name: str, out_dir=None) -> Path:
+    """A folder shipped without its table + the target's embedding -> a complete HF folder (cached, rebuilt when stale).
+
+    Every other file is copied as it is; the target's tokenizer files are
+    added, so HF and vLLM can load the folder on its own.
+    """
+    import hashlib
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    out = Path(out_dir or cache_dir() / "models" / folder.name)
+    source = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    if (out / "source.txt").exists() and (out / "source.txt").read_text() == source:
+        return out
+    tensors = load_file(folder / "model.safetensors")
+    if PROJECTION not in tensors:
+        raise ValueError(f"{folder}/model.safetensors has no {PROJECTION}: it is a complete checkpoint, load it as it is.")
+    proj = tensors.pop(PROJECTION).float()  # [H_target, d]
+    target_dir = Path(model_path(target_name))
+    embedding = target_embedding(target_dir).float()  # [V, H_target]
+    if embedding.shape[1] != proj.shape[0]:
+        raise ValueError(f"{folder.name}'s projection expects a target hidden size of {proj.shape[0]}, "
+                         f"but {target_name!r} has {embedding.shape[1]}: it was trained for another target.")
+    tensors[TABLE] = (embedding @ proj).to(torch.bfloat16)  # E_draft [V, d]
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    for file in folder.iterdir():
+        if file.is_file() and file.name not in ("model.safetensors", "README.md"):
+            shutil.copy(file, out / file.name)
+    config = json.loads((out / "config.json").read_text())
+    config.pop("specdec_draft", None)  # our note on how it was made; HF needs none of it
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target_dir / name).exists() and not (out / name).exists():
+            shutil.copy(target_dir / name, out / name)
+    (out / "source.txt").write_text(source)
+    return out
+
+
+def complete_checkpoint(folder, target_name: str) -> Path:
+    """`folder` as it is, or its materialized copy when it was shipped without its table."""
+    from safetensors import safe_open
+
+    file = Path(folder) / "model.safetensors"
+    if file.is_file():
+        with safe_open(file, "pt") as f:
+            if PROJECTION in f.keys():
+                return materialize(folder, target_name)
+    return Path(folder)

@@ -97,9 +97,13 @@ def speculative_config(method: str, k: int, draft: str | None = None, ngram=(1, 
 
 
 def resolve_draft(model: str, method: str, draft: str | None) -> str | None:
-    """draft="target" -> the target itself; eagle3 without a draft -> the drafter this package ships."""
+    """draft="target" -> the target itself; draft_model / eagle3 without a draft -> the one this package ships."""
     if method == "draft_model" and draft == "target":
         return model
+    if method == "draft_model" and draft is None:
+        from .drafters.draft_model import shipped_draft_model
+
+        return str(shipped_draft_model(model))
     if method == "eagle3" and draft is None:
         from types import SimpleNamespace
 

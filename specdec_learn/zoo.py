@@ -7,6 +7,8 @@ entry to `METHODS`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter, SuffixDrafter
 from .target import Target
 
@@ -19,8 +21,9 @@ def make_drafter(
     """The drafter for `method` (None for "ar", plain decoding).
 
     draft: for "draft_model", a model name/path sharing the target's tokenizer,
-    or "target" to let the target draft for itself (every draft accepted: an
-    upper bound on acceptance that costs a full extra model).
+    None for the draft model this package ships for the target (distilled by
+    `train/draft_model.py`), or "target" to let the target draft for itself
+    (every draft accepted: an upper bound on acceptance that costs a full extra model).
     markov, gate: for "dspark", the Markov head on/off and the confidence
     gate's survival threshold (None = submit every draft).
     """
@@ -31,16 +34,16 @@ def make_drafter(
     if method == "suffix":  # one drafter per call: its global tree learns from every request it drafts for
         return SuffixDrafter()
     if method == "draft_model":
-        if draft is None:
-            raise ValueError(
-                "draft_model needs a draft model: pass draft=<name or path> (CLI: --draft). "
-                "It must share the target's tokenizer; draft='target' uses the target itself."
-            )
         if draft == "target":
             return DraftModelDrafter(target.model, target)
-        from .models import load_hf
+        from .drafters.draft_model import shipped_draft_model
+        from .models import complete_checkpoint, load_hf
 
-        model, _ = load_hf(draft, dtype=target.dtype, device=str(target.device))
+        if draft is None:
+            path = shipped_draft_model(target.name)
+        else:  # a folder shipped without its vocabulary table is completed from the target's
+            path = complete_checkpoint(draft, target.name) if Path(draft).is_dir() else draft
+        model, _ = load_hf(str(path), dtype=target.dtype, device=str(target.device))
         return DraftModelDrafter(model, target)
     if method == "eagle3":  # the shipped drafter for the target, or draft=<speculators folder>
         from .drafters.eagle3 import Eagle3Drafter, load_eagle3, shipped_checkpoint

@@ -1,34 +1,44 @@
-"""The Gemma-4-style assistant trainer: learns on a tiny target, resumes, round-trips the HF format."""
+"""The Gemma-4-style assistant trainer: learns on a tiny target, resumes, ships its table as E·P, reloads."""
 
 import torch
 from conftest import tiny_target
+from safetensors import safe_open
 from test_mtp_train import write_examples
 
 import specdec_learn as sd
 from specdec_learn.drafters.gemma4_mtp import Gemma4AssistantDrafter, load_gemma4_assistant
+from specdec_learn.models import PROJECTION, TABLE, strip_table
 from specdec_learn.train import gemma4_mtp as train_g4
 from specdec_learn.train.data import load_examples
 
 
-def test_assistant_learns_resumes_and_exports(tmp_path):
+def test_assistant_learns_resumes_and_ships_its_table_as_a_projection(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # where the shipped table is rebuilt
     torch.manual_seed(0)
     target = tiny_target()
+    target.model.save_pretrained(tmp_path / "target")
+    target.name = str(tmp_path / "target")  # materialize reads the target's embedding from its folder
     data = write_examples(tmp_path / "data")
     kw = dict(depth=2, lr=1e-2, anchors=32, hidden_size=16, num_layers=2, work_dir=tmp_path / "work",
               data_dir=data, log=lambda *_: None)
     examples = load_examples(data)
-    untrained, _ = train_g4.train(target, steps=0, **{**kw, "work_dir": tmp_path / "untrained"})
+    untrained, _, _ = train_g4.train(target, steps=0, **{**kw, "work_dir": tmp_path / "untrained"})
     before = train_g4.evaluate(untrained, target, examples[:6], depth=2)
-    assistant, step = train_g4.train(target, steps=40, **kw)
+    assistant, step, proj = train_g4.train(target, steps=40, **kw)
     after = train_g4.evaluate(assistant, target, examples[:6], depth=2)
     assert step == 40 and after[0] > before[0] + 0.3 and after[1] > before[1]
+    torch.testing.assert_close(assistant.model.embed_tokens.weight, target.embed_tokens.weight.float() @ proj)
 
     logs = []
-    _, step = train_g4.train(target, steps=41, **{**kw, "log": logs.append})
+    _, step, _ = train_g4.train(target, steps=41, **{**kw, "log": logs.append})
     assert step == 41 and logs[0] == "resumed at step 40"
 
-    assistant.save_pretrained(tmp_path / "export")
-    loaded = load_gemma4_assistant(tmp_path / "export", target)
+    out = tmp_path / "export"
+    assistant.save_pretrained(out)
+    strip_table(out, proj)
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert PROJECTION in f.keys() and TABLE not in f.keys()
+    loaded = load_gemma4_assistant(out, target)  # the table rebuilt from the target's embedding
     prompt = examples[0].input_ids[:12]
     ar = sd.generate(target, prompt, max_new_tokens=12)
     out = sd.generate(target, prompt, Gemma4AssistantDrafter(loaded, target), k=3, max_new_tokens=12)

@@ -201,6 +201,9 @@ def load_gemma4_assistant(path, target):
     """A ``gemma4_assistant`` checkpoint (HF format: config.json + safetensors), checked against `target`."""
     from transformers import Gemma4AssistantForCausalLM
 
+    from ..models import complete_checkpoint
+
+    path = complete_checkpoint(path, target.name)  # ours ships its table as E_target·P (train/projected.py)
     assistant = Gemma4AssistantForCausalLM.from_pretrained(str(path), dtype=target.dtype)
     check_pairing(assistant, target)
     return assistant.to(target.device).eval()

@@ -89,10 +89,16 @@ def block_labels(input_ids, loss_mask, anchors, block_size: int, shift: int):
     return input_ids[safe], valid.int().cumprod(dim=1).bool()
 
 
-def position_weights(block_size: int, gamma: float, first: int) -> torch.Tensor:
-    """[B]: exp(-(k - first)/γ) for slots k >= first, 0 before (DFlash: first=1; DSpark: first=0)."""
+def position_weights(block_size: int, gamma: float, first: int, last: int | None = None) -> torch.Tensor:
+    """[B]: exp(-(k - first)/γ) for slots first <= k <= last, 0 elsewhere (DFlash: first=1; DSpark: first=0).
+
+    `last` < B-1 spends the LM head (the costly part) on the early slots only,
+    which a small, briefly trained drafter can still get right; the anchors
+    saved go to more examples of those slots.
+    """
     k = torch.arange(block_size, dtype=torch.float32)
-    return torch.where(k >= first, torch.exp(-(k - first) / gamma), torch.zeros(()))
+    inside = (k >= first) & (k <= (block_size - 1 if last is None else last))
+    return torch.where(inside, torch.exp(-(k - first) / gamma), torch.zeros(()))
 
 
 def block_hidden(model: DFlashModel, embed, taps: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor):
@@ -104,7 +110,8 @@ def block_hidden(model: DFlashModel, embed, taps: torch.Tensor, input_ids: torch
     return hidden.view(len(anchors), B, -1)
 
 
-def dflash_loss(model, embed, lm_head, taps, input_ids, loss_mask, anchors, gamma: float = 4.0):
+def dflash_loss(model, embed, lm_head, taps, input_ids, loss_mask, anchors, gamma: float = 4.0,
+                loss_slots: int | None = None):
     """Weighted cross-entropy of slots 1..B-1 -> (loss, {"acc": per-slot top-1 accuracy [B]}).
 
     The LM head (49,152 x 576 for SmolLM2) is the costly part on a CPU, so it
@@ -113,7 +120,7 @@ def dflash_loss(model, embed, lm_head, taps, input_ids, loss_mask, anchors, gamm
     B = model.block_size
     hidden = block_hidden(model, embed, taps, input_ids, anchors)  # [A, B, H]
     labels, valid = block_labels(input_ids, loss_mask, anchors, B, shift=0)  # [A, B]
-    weights = position_weights(B, gamma, first=1)[None, :] * valid  # [A, B]
+    weights = position_weights(B, gamma, first=1, last=loss_slots)[None, :] * valid  # [A, B]
     keep = weights > 0  # [A, B]
     logits = lm_head(hidden[keep]).float()  # [n, V]
     ce = F.cross_entropy(logits, labels[keep], reduction="none")  # [n]
@@ -284,8 +291,12 @@ def state_file_for(target, out_dir) -> Path:
 
 
 def train_dflash(target, out_dir, data_dir=None, layers=1, block_size=16, steps=3000, lr=1e-3,
-                 budget_s=None, num_anchors=16, gamma=4.0, seed=0, init=True) -> tuple[DFlashModel, dict]:
-    """Train (or resume) a DFlash drafter; the z-lab checkpoint goes to out_dir. -> (model, log)."""
+                 budget_s=None, num_anchors=16, gamma=4.0, seed=0, init=True,
+                 loss_slots: int | None = None) -> tuple[DFlashModel, dict]:
+    """Train (or resume) a DFlash drafter; the z-lab checkpoint goes to out_dir. -> (model, log).
+
+    loss_slots: train slots 1..loss_slots only (default: the whole block).
+    """
     train_feats, eval_feats = load_features(target, data_dir)
     taps = shared_taps(target)
     torch.manual_seed(seed)
@@ -296,7 +307,7 @@ def train_dflash(target, out_dir, data_dir=None, layers=1, block_size=16, steps=
     embed, lm_head = frozen_parts(target)
 
     def loss_fn(m, f, anchors):
-        return dflash_loss(m, embed, lm_head, f.taps.float(), f.ids, f.loss_mask, anchors, gamma)
+        return dflash_loss(m, embed, lm_head, f.taps.float(), f.ids, f.loss_mask, anchors, gamma, loss_slots)
 
     log = train_loop(model, loss_fn, train_feats, eval_feats, Path(out_dir), state_file_for(target, out_dir),
                      save_dflash, steps, lr, budget_s, num_anchors, seed)
@@ -318,6 +329,7 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", type=int, default=16)
     p.add_argument("--target-dtype", default="bf16", help="dtype of the target that computes the taps (cached per dtype)")
     p.add_argument("--gamma", type=float, default=4.0)
+    p.add_argument("--loss-slots", type=int, default=None, help="train slots 1..N only (default: the whole block)")
     p.add_argument("--budget-min", type=float, default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -325,7 +337,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     target = load(a.model, dtype=a.target_dtype, device="cpu")
     train_dflash(target, a.out, a.data, a.layers, a.block_size, a.steps, a.lr,
-                 a.budget_min * 60 if a.budget_min else None, a.anchors, a.gamma, a.seed)
+                 a.budget_min * 60 if a.budget_min else None, a.anchors, a.gamma, a.seed, loss_slots=a.loss_slots)
     return 0
 
 

@@ -42,8 +42,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
+from ..models import strip_table
 from ..target import DecodeState
 from .data import default_dir, load_examples, split_examples
+from .projected import ProjectedTable
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -59,11 +61,13 @@ def target_features(target, example):
     return h.to(torch.bfloat16), layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
 
 
-def init_from_target(assistant, target, seed: int = 0) -> None:
-    """Start the tied embedding / lm_head as the target's, projected to H_d by a random orthonormal R.
+def init_from_target(assistant, target, seed: int = 0) -> torch.Tensor:
+    """Start the tied embedding / lm_head as the target's, projected to H_d by a random orthonormal R; -> R.
 
     Then logits = (E R)(R^T x) ~ the target's own scores seen through a
     rank-H_d window: a far better start than noise for a 49k-token vocabulary.
+    Training keeps the table of that form, E·P with P learned from R on
+    (`train/projected.py`), so the checkpoint ships P, not 49,152 rows.
     """
     H_b, H_d = target.hidden_size, assistant.config.get_text_config().hidden_size
     g = torch.Generator().manual_seed(seed)
@@ -74,10 +78,15 @@ def init_from_target(assistant, target, seed: int = 0) -> None:
         w.normal_(std=0.02 / math.sqrt(H_b))
         w[:, H_b:] += R.T
         assistant.post_projection.weight.copy_(R)  # [H_b, H_d]
+    return R
 
 
-def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: float, anchors: int, generator=None):
-    """Teacher-forced loss at up to `anchors` random anchor positions of one example."""
+def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: float, anchors: int, generator=None,
+                   table: torch.Tensor | None = None):
+    """Teacher-forced loss at up to `anchors` random anchor positions of one example.
+
+    table: the tied LM head [V, H_d] as E·P while training (default: the assistant's own).
+    """
     T = ids.shape[0]
     H_b = target.hidden_size
     ok = [p for p in range(1, T - 1) if mask[p + 1]]  # step 0 at p predicts x_{p+1}, a response token
@@ -105,7 +114,7 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
         d = assistant.model(inputs_embeds=x, attention_mask=masks, position_ids=p[None],
                             shared_kv_states=shared, use_cache=False).last_hidden_state  # [1, P, H_d], normed
         if valid.any():
-            logits = assistant.lm_head(d[0, valid])  # [r, V]
+            logits = assistant.lm_head(d[0, valid]) if table is None else d[0, valid] @ table.T  # [r, V]
             labels = ids[label_pos[valid]]
             loss = loss + weights[s] * F.cross_entropy(logits, labels)
             accs.append(float((logits.argmax(-1) == labels).float().mean()))
@@ -125,12 +134,22 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
     target.model.requires_grad_(False)
     assistant = random_assistant(target, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
                                  num_heads=2 * target.config.num_key_value_heads).float()
-    init_from_target(assistant, target, seed)
-    opt = torch.optim.AdamW(assistant.parameters(), lr=lr, weight_decay=0.0)
+    E = target.embed_tokens.weight.detach().float()  # [V, H_b]
+    table = ProjectedTable(E, init_from_target(assistant, target, seed))
+    assistant.model.embed_tokens.weight.requires_grad_(False)  # tied to lm_head; E·P stands in for both
+    params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     state_file, step = work_dir / "state.pt", 0
     if state_file.exists():
         saved = torch.load(state_file, weights_only=False)
-        assistant.load_state_dict(saved["assistant"]), opt.load_state_dict(saved["opt"])
+        assistant.load_state_dict(saved["assistant"])
+        if "proj" in saved:
+            table.proj.data.copy_(saved["proj"])
+            opt.load_state_dict(saved["opt"])
+        else:  # a state from before the table was E·P: fit P to its table once, fresh optimiser
+            table = ProjectedTable.fit(E, assistant.model.embed_tokens.weight)
+            params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
+            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         step = saved["step"]
         log(f"resumed at step {step}")
     order = list(range(len(examples)))
@@ -148,22 +167,26 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
         for group in opt.param_groups:  # linear warm-up, then cosine
             warm_up = min(1.0, (step + 1) / min(50, steps / 10))
             group["lr"] = lr * warm_up * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss, accs = assistant_loss(assistant, target, ids, mask, h, K, V, depth, beta, anchors, gen)
+        loss, accs = assistant_loss(assistant, target, ids, mask, h, K, V, depth, beta, anchors, gen, table())
         if loss is not None:
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(assistant.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
         step += 1
         if step % 10 == 0 and loss is not None:
             log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(loss.detach()):.3f} "
                 f"acc/step {[round(a, 2) for a in accs]}")
         if step % save_every == 0:
-            torch.save({"assistant": assistant.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
-    torch.save({"assistant": assistant.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
+            torch.save({"assistant": assistant.state_dict(), "proj": table.proj.data, "opt": opt.state_dict(),
+                        "step": step}, state_file)
+    torch.save({"assistant": assistant.state_dict(), "proj": table.proj.data, "opt": opt.state_dict(), "step": step},
+               state_file)
+    with torch.no_grad():  # the tied embedding / lm_head becomes the table it was trained as
+        assistant.model.embed_tokens.weight.copy_(table())
     assistant.eval()
     log(f"held-out teacher-forced accuracy per step: {evaluate(assistant, target, held_out[:20], depth)}")
-    return assistant, step
+    return assistant, step, table.proj.detach()  # P: what the checkpoint ships instead of the table
 
 
 @torch.no_grad()
@@ -195,11 +218,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = load(args.target, dtype="fp32", device="cpu")
-    assistant, step = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
+    assistant, step, proj = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                             args.layers, budget_s=args.budget_min * 60 if args.budget_min else None)
     name = Path(args.target).name
     out = Path(args.out or CHECKPOINTS / f"gemma4-assistant-{name}")
     assistant.to(torch.bfloat16).save_pretrained(out)
+    strip_table(out, proj)  # E·P: the target's embedding rebuilds the 49,152 rows (`models.materialize`)
     info = {  # beside config.json, which transformers checks strictly
         "target": name, "steps": step, "depth": args.depth, "beta": args.beta, "lr": args.lr,
         "anchors": args.anchors, "hidden_size": args.hidden_size, "layers": args.layers,

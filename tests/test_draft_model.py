@@ -1,0 +1,87 @@
+"""The distilled draft model: training lowers the loss, the shipped format round-trips, it is lossless."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import specdec_learn as sd
+from conftest import check_parity, tiny_target
+from specdec_learn.drafters.draft_model import save_draft_delta, shipped_draft_model
+from specdec_learn.models import materialize
+from specdec_learn.train.draft_model import Student, student_config, train
+from specdec_learn.zoo import make_drafter
+
+
+def write_dataset(folder, vocab_size: int, n: int = 24, seed: int = 0):
+    """Tiny examples in the shared pipeline's format: counting (t -> t + 1), which a student learns fast."""
+    g = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "greedy-000.jsonl", "w") as f:
+        for i in range(n):
+            start = int(torch.randint(3, vocab_size - 8, (1,), generator=g))
+            ids = [(start + j) % vocab_size for j in range(40)]
+            f.write(json.dumps({"id": f"tiny/{i}", "input_ids": ids, "num_prompt_tokens": 8}) + "\n")
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    target = tiny_target(vocab_size=64, hidden=32)
+    write_dataset(tmp_path / "data", 64)
+    shape = dict(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32)
+    losses = []
+    student, step = train(target, steps=60, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
+                          log=lambda line: losses.append(float(line.split("loss ")[1].split()[0])), **shape)
+    assert step == 60 and losses[-1] < 0.8 * losses[0]
+    _, step = train(target, steps=70, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
+                    log=lambda line: None, **shape)
+    assert step == 70  # continued from the saved state, not from zero
+
+
+def test_shipped_format_materializes_to_the_same_model(tmp_path):
+    target = tiny_target(vocab_size=64, hidden=32)
+    target.model.save_pretrained(tmp_path / "target")
+    student = Student(target.model.get_input_embeddings().weight.detach(),
+                      student_config(target.model.config, hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32))
+    for param in student.parameters():  # what the bf16 checkpoint keeps
+        param.data = param.data.to(torch.bfloat16).float()
+    save_draft_delta(student.llama, student.table.proj, tmp_path / "draft", str(tmp_path / "target"), {"steps": 0})
+    folder = materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 11, 3, 40, 41]])
+    table = student.table().to(torch.bfloat16).float()  # the materialized table is stored in bf16
+    with torch.no_grad():
+        ours = student.llama.model(inputs_embeds=table[ids]).last_hidden_state @ table.T
+        theirs = model(ids).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    assert materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf") == folder  # cached
+
+
+def test_a_draft_for_another_target_is_refused(tmp_path):
+    big, small = tiny_target(hidden=64), tiny_target(hidden=32)
+    small.model.save_pretrained(tmp_path / "small")
+    student = Student(big.model.get_input_embeddings().weight.detach(),
+                      student_config(big.model.config, hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32))
+    save_draft_delta(student.llama, student.table.proj, tmp_path / "draft", "big", {})
+    with pytest.raises(ValueError, match="hidden size of 64.*has 32"):
+        materialize(tmp_path / "draft", str(tmp_path / "small"), tmp_path / "hf")
+
+
+def test_no_shipped_draft_says_what_to_do():
+    with pytest.raises(ValueError, match="No draft model is shipped for 'tiny-llama'.*--draft"):
+        make_drafter("draft_model", tiny_target())
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_shipped_draft_model_is_lossless(target, real_prompts, ar_greedy_40, k):
+    stats = check_parity(target, real_prompts, ar_greedy_40, make_drafter("draft_model", target), k)
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+
+
+def test_shipped_draft_model_is_an_ordinary_hf_model(target):
+    model = AutoModelForCausalLM.from_pretrained(shipped_draft_model(target.name), dtype=torch.float32)
+    assert model.config.vocab_size == target.vocab_size
+    assert sum(p.numel() for p in model.parameters()) < 0.2 * sum(p.numel() for p in target.model.parameters())
+    ids = torch.tensor([target.tokenizer.encode("def add(a, b):")])
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)  # what HF's assistant_model runs
+    assert out.shape[1] == ids.shape[1] + 4
