@@ -9,7 +9,7 @@ Why narrow, and why the embedding is borrowed. At batch 1 a forward pass
 costs the bytes it reads. The largest matrix of a small model is its
 embedding / LM head, vocabulary x width: for SmolLM2 that is 49,152 x 576,
 28 M of its 135 M parameters. A draft model that kept the width would pay
-~40 % of a target step per draft token whatever its depth; at width 256 a
+~20 % of a target step per draft token for the table alone; at width 256 a
 draft step reads ~12 %. And a 49,152-row table is too big to ship and too
 much to learn from a few hundred thousand tokens, so the draft's embedding
 is the target's, projected:
