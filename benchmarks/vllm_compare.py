@@ -8,11 +8,12 @@ One run, one dtype (bf16 by default), the same prompt token ids everywhere:
 * our loop: AR, then n-gram at every k (and EAGLE-3 when the project's
   drafter ships), one prompt at a time: the loop is batch-1 by design;
 * vLLM: AR, then n-gram at every k (and EAGLE-3), each at batch 1 (prompts
-  one at a time) and batch 8 (prompts in groups of 8, one call each).
+  one at a time), 2, 4 and 8 (prompts in groups of that size, one call each):
+  the batch-size sweep, since our loop decodes one request at a time.
 
 "Best" is the fastest speculative configuration of each backend. The ratios
-printed are vLLM over ours for AR and for the best method, at both batch
-sizes, plus each backend's own speedup over its AR. vLLM's worker is bound to
+printed are vLLM over ours for AR and for the best method, at every batch
+size, plus each backend's own speedup over its AR. vLLM's worker is bound to
 as many cores as our loop has threads (see vllm_backend.cpu_environment), so
 both compete with the same cores. This is a benchmark, not a test: it prints
 and writes JSON; the README records the figures with the machine.
@@ -89,8 +90,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", default="1,3,5")
     ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--json", default="results/vllm_compare.json")
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--json", default="benchmarks/results/vllm_compare.json")
     args = ap.parse_args()
     ks = [int(k) for k in args.k.split(",")]
     batches = [int(b) for b in args.batches.split(",")]

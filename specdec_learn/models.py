@@ -19,8 +19,11 @@ Nothing else is written anywhere.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -111,11 +114,31 @@ def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = EMBEDDED.get(out.name, {}).get("hf_id", out.name)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = partial_dir(out)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written directory is never mistaken for a model
+    publish_dir(tmp, out)
+
+
+def partial_dir(out: Path) -> Path:
+    """A private folder beside `out` to write into; `publish_dir` then moves it into place."""
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_dir(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out` in one step, so a half-written folder is never mistaken for a model.
+
+    Two processes may build the same folder at once (parallel test workers, two
+    notebooks): the first rename wins and the loser's copy is dropped.
+    """
+    try:
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def model_path(name_or_path: str, cache: str | os.PathLike | None = None) -> str:
@@ -190,55 +213,59 @@ def target_embedding(target_dir) -> torch.Tensor:
     raise FileNotFoundError(f"No {TABLE} in {target_dir}/*.safetensors.")
 
 
+def without_table(tensors: dict[str, torch.Tensor], proj: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with the vocabulary table (it is E_target · P) dropped and P kept instead, bf16."""
+    kept = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items() if k != TABLE}
+    kept[PROJECTION] = proj.detach().to(torch.bfloat16).contiguous()  # P [H_target, d]
+    return kept
+
+
 def strip_table(folder, proj: torch.Tensor) -> None:
-    """folder/model.safetensors: drop the vocabulary table (it is E_target · P) and keep P instead, bf16."""
+    """Rewrite folder/model.safetensors without its vocabulary table, keeping P instead."""
     from safetensors.torch import load_file, save_file
 
     file = Path(folder) / "model.safetensors"
-    tensors = {k: v for k, v in load_file(file).items() if k != TABLE}
-    tensors[PROJECTION] = proj.detach().to(torch.bfloat16).contiguous()
-    save_file(tensors, file, metadata={"format": "pt"})
+    save_file(without_table(load_file(file), proj), file, metadata={"format": "pt"})
 
 
 def materialize(folder, target_name: str, out_dir=None) -> Path:
     """A folder shipped without its table + the target's embedding -> a complete HF folder (cached, rebuilt when stale).
 
     Every other file is copied as it is; the target's tokenizer files are
-    added, so HF and vLLM can load the folder on its own.
+    added, so HF and vLLM can load the folder on its own. The copy is keyed on
+    the shipped weights AND the target's folder, so another target rebuilds it.
     """
-    import hashlib
-    import json
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     out = Path(out_dir or cache_dir() / "models" / folder.name)
-    source = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    target_dir = Path(model_path(target_name))
+    source = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() + " " + str(target_dir.resolve())
     if (out / "source.txt").exists() and (out / "source.txt").read_text() == source:
         return out
     tensors = load_file(folder / "model.safetensors")
     if PROJECTION not in tensors:
         raise ValueError(f"{folder}/model.safetensors has no {PROJECTION}: it is a complete checkpoint, load it as it is.")
+    shutil.rmtree(out, ignore_errors=True)  # a stale copy (another shipped file or target)
     proj = tensors.pop(PROJECTION).float()  # [H_target, d]
-    target_dir = Path(model_path(target_name))
     embedding = target_embedding(target_dir).float()  # [V, H_target]
     if embedding.shape[1] != proj.shape[0]:
         raise ValueError(f"{folder.name}'s projection expects a target hidden size of {proj.shape[0]}, "
                          f"but {target_name!r} has {embedding.shape[1]}: it was trained for another target.")
     tensors[TABLE] = (embedding @ proj).to(torch.bfloat16)  # E_draft [V, d]
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    tmp = partial_dir(out)
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     for file in folder.iterdir():
         if file.is_file() and file.name not in ("model.safetensors", "README.md"):
-            shutil.copy(file, out / file.name)
-    config = json.loads((out / "config.json").read_text())
+            shutil.copy(file, tmp / file.name)
+    config = json.loads((tmp / "config.json").read_text())
     config.pop("specdec_draft", None)  # our note on how it was made; HF needs none of it
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (target_dir / name).exists() and not (out / name).exists():
-            shutil.copy(target_dir / name, out / name)
-    (out / "source.txt").write_text(source)
+        if (target_dir / name).exists() and not (tmp / name).exists():
+            shutil.copy(target_dir / name, tmp / name)
+    (tmp / "source.txt").write_text(source)
+    publish_dir(tmp, out)
     return out
 
 

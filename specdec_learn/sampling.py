@@ -64,6 +64,18 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+def draft_token(logits: torch.Tensor, sampling: Sampling, generator, qs: list) -> int:
+    """A drafter's next token from its logits [V]: the argmax when greedy, else a draw from q.
+
+    A sampled draft appends its q [V] to `qs`: rejection sampling needs the
+    probability the drafter gave each token (a greedy draft is one-hot).
+    """
+    if sampling.greedy:
+        return int(logits.argmax())
+    qs.append(probabilities(logits, sampling))  # [V]
+    return sample(qs[-1], generator)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token id from probs [V] (moved to the generator's device, so a CPU
     generator gives the same draws whether the model runs on a CPU or a GPU)."""

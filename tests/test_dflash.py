@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen3Config
 
 import specdec_learn as sd
-from conftest import check_parity
+from conftest import MAX_NEW, check_parity
 from specdec_learn.drafters.dflash import (
     DFlashDrafter,
     DFlashModel,
@@ -23,17 +23,16 @@ from specdec_learn.drafters.dflash import (
 )
 from specdec_learn.target import DecodeState
 
-MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
 def parity_prompts(real_prompts):
-    return real_prompts[:9] + real_prompts[-1:]  # 10 prompts, the last one stops early at EOS
+    return real_prompts  # 10 prompts, the last one stops early at EOS (conftest)
 
 
 @pytest.fixture(scope="module")
-def ar_outputs(target, parity_prompts):
-    return [sd.generate(target, p, max_new_tokens=MAX_NEW) for p in parity_prompts]
+def ar_outputs(ar_greedy):
+    return ar_greedy  # AR's MAX_NEW tokens for parity_prompts (conftest)
 
 
 @pytest.fixture(scope="module")

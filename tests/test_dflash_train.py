@@ -88,7 +88,7 @@ def test_training_lowers_the_loss_resumes_and_ships_a_working_drafter(tiny_setup
         assert mean(losses[-8:]) < math.log(128)
 
     _, log = train(45)  # same out_dir: continues from step 40
-    assert "resuming at step 40" in capsys.readouterr().out and log["steps"] == 45 and len(log["history"]) == 5
+    assert "resumed at step 40" in capsys.readouterr().out and log["steps"] == 45 and len(log["history"]) == 5
 
     if method == "dflash":
         drafter = DFlashDrafter(load_dflash(out))

@@ -73,8 +73,8 @@ def test_no_shipped_draft_says_what_to_do():
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_shipped_draft_model_is_lossless(target, real_prompts, ar_greedy_40, k):
-    stats = check_parity(target, real_prompts, ar_greedy_40, make_drafter("draft_model", target), k)
+def test_shipped_draft_model_is_lossless(target, real_prompts, ar_greedy, k):
+    stats = check_parity(target, real_prompts, ar_greedy, make_drafter("draft_model", target), k)
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
 
 

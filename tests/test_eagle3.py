@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import specdec_learn as sd
-from conftest import tiny_llama
+from conftest import check_parity, tiny_llama
 from specdec_learn.drafters.eagle3 import Eagle3Drafter, load_eagle3, new_eagle3, save_eagle3
 from specdec_learn.target import Target
 
@@ -199,7 +199,7 @@ def test_twenty_training_steps_lower_the_loss(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, k):
+def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, ar_greedy, k):
     """The shipped drafter (or a random one, when none is shipped) never changes greedy output."""
     from specdec_learn.drafters.eagle3 import shipped_checkpoint
 
@@ -207,9 +207,7 @@ def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, k):
         drafter = Eagle3Drafter(load_eagle3(shipped_checkpoint(target), target), target)
     except ValueError:  # nothing shipped yet: a random drafter (test_shipped_drafter_is_small_and_loads fails)
         drafter = Eagle3Drafter(new_eagle3(target, draft_ids=list(range(4096))), target)
-    for prompt in real_prompts[:10] + real_prompts[-1:]:
-        ar = sd.generate(target, prompt, None, max_new_tokens=24).tokens
-        assert sd.generate(target, prompt, drafter, k=k, max_new_tokens=24).tokens == ar, prompt[:40]
+    check_parity(target, real_prompts, ar_greedy, drafter, k)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_target
+from conftest import MAX_NEW, tiny_target
 from transformers import AutoModelForCausalLM
 
 import specdec_learn as sd
@@ -16,21 +16,21 @@ KS = (1, 2, 4, 7)
 
 
 @pytest.mark.slow
-def test_mtp_greedy_parity_real_prompts(target, real_prompts, ar_greedy_40):
+def test_mtp_greedy_parity_real_prompts(target, real_prompts, ar_greedy):
     """An untrained Qwen-layout head on SmolLM2 (nearly every draft wrong) reproduces AR, several k."""
     head = random_mtp_head(target, num_layers=1)
-    for i, (prompt, ar) in enumerate(zip(real_prompts, ar_greedy_40)):
+    for i, (prompt, ar) in enumerate(zip(real_prompts, ar_greedy)):
         k = KS[i % len(KS)]
-        out = sd.generate(target, prompt, MTPDrafter(head, target), k=k, max_new_tokens=40)
+        out = sd.generate(target, prompt, MTPDrafter(head, target), k=k, max_new_tokens=MAX_NEW)
         assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
 
 
 @pytest.mark.slow
-def test_mtp_deepseek_layout_chain_parity(target, real_prompts, ar_greedy_40):
+def test_mtp_deepseek_layout_chain_parity(target, real_prompts, ar_greedy):
     """Two DeepSeek-layout layers, k=3 > 2 layers (layer reuse), on a real prompt."""
     head = random_mtp_head(target, num_layers=2, layout="deepseek_v3", seed=1)
-    for prompt, ar in list(zip(real_prompts, ar_greedy_40))[:1]:
-        out = sd.generate(target, prompt, MTPDrafter(head, target), k=3, max_new_tokens=40)
+    for prompt, ar in list(zip(real_prompts, ar_greedy))[:1]:
+        out = sd.generate(target, prompt, MTPDrafter(head, target), k=3, max_new_tokens=MAX_NEW)
         assert out.tokens == ar.tokens
 
 

@@ -10,14 +10,13 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from conftest import check_parity, tiny_llama
+from conftest import MAX_NEW, check_parity, tiny_llama
 
-MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
-def ar_outputs(target, real_prompts):
-    return [sd.generate(target, p, max_new_tokens=MAX_NEW) for p in real_prompts]
+def ar_outputs(ar_greedy):
+    return ar_greedy  # plain greedy decoding of real_prompts, MAX_NEW tokens each (conftest)
 
 
 def test_ar_loop_equals_hf_generate(target, real_prompts, ar_outputs):

@@ -6,7 +6,7 @@ import specdec_learn as sd
 from specdec_learn.drafters.suffix import SuffixTrie, speculate
 from specdec_learn.sampling import Sampling
 
-from conftest import check_parity
+from conftest import MAX_NEW, check_parity
 
 
 def test_trie_counts_every_bounded_substring():
@@ -48,17 +48,17 @@ def test_bad_settings_are_refused():
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_suffix_is_lossless(target, real_prompts, ar_greedy_40, k):
-    stats = check_parity(target, real_prompts, ar_greedy_40, sd.SuffixDrafter(), k)
+def test_suffix_is_lossless(target, real_prompts, ar_greedy, k):
+    stats = check_parity(target, real_prompts, ar_greedy, sd.SuffixDrafter(), k)
     assert stats.num_draft_tokens > 0
 
 
-def test_global_tree_learns_from_earlier_outputs_and_forgets(target, real_prompts, ar_greedy_40):
+def test_global_tree_learns_from_earlier_outputs_and_forgets(target, real_prompts, ar_greedy):
     """The second time a request comes, its whole answer is in the global tree."""
     drafter = sd.SuffixDrafter()
-    first = sd.generate(target, real_prompts[0], drafter, k=5, max_new_tokens=40)
-    again = sd.generate(target, real_prompts[0], drafter, k=5, max_new_tokens=40)
-    assert first.tokens == again.tokens == ar_greedy_40[0].tokens
+    first = sd.generate(target, real_prompts[0], drafter, k=5, max_new_tokens=MAX_NEW)
+    again = sd.generate(target, real_prompts[0], drafter, k=5, max_new_tokens=MAX_NEW)
+    assert first.tokens == again.tokens == ar_greedy[0].tokens
     assert len(drafter.cached_outputs) == 1
     assert again.stats.mean_acceptance_length > first.stats.mean_acceptance_length
     assert again.stats.mean_acceptance_length >= 3

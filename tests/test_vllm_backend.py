@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import MAX_NEW
 
 import specdec_learn as sd
 from specdec_learn import vllm_backend
@@ -25,15 +26,14 @@ from specdec_learn.vllm_backend import VllmEngine
 pytest.importorskip("vllm", reason=vllm_backend.INSTALL_HINT)
 pytestmark = pytest.mark.vllm
 
-MAX_NEW = 40
 K = 3
 SHIPPED_EAGLE3 = Path(sd.__file__).parent / "checkpoints" / "eagle3-smollm2-135m"
 
 
 @pytest.fixture(scope="module")
-def ar_outputs(ar_greedy_40):
+def ar_outputs(ar_greedy):
     """Our loop's plain greedy decoding of `real_prompts`, MAX_NEW tokens each (conftest)."""
-    return ar_greedy_40
+    return ar_greedy
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache
 
-from ..models import PROJECTION, TABLE, materialize
-from ..sampling import probabilities, sample
+from ..models import materialize, without_table
+from ..sampling import draft_token
 from ..target import crop_cache
 from .base import Drafter, Proposal
 
@@ -53,12 +53,7 @@ class DraftModelDrafter(Drafter):
         logits = self._step(state.ids[self.cache.get_seq_length() :])
         tokens, qs = [], []
         for i in range(k):
-            if sampling.greedy:
-                tokens.append(int(logits.argmax()))
-            else:
-                q = probabilities(logits, sampling)  # [V]
-                tokens.append(sample(q, generator))
-                qs.append(q)
+            tokens.append(draft_token(logits, sampling, generator, qs))
             if i < k - 1:  # the last draft is not fed back: the next round starts from the target's token
                 logits = self._step(tokens[-1:])
         return Proposal(tokens, torch.stack(qs) if qs else None)
@@ -96,9 +91,7 @@ def save_draft_delta(llama, proj: torch.Tensor, out_dir, target_name: str, info:
     """Write a draft model without its embedding: config.json + model.safetensors (layers, norm, P), bf16."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in llama.state_dict().items() if k != TABLE}
-    tensors[PROJECTION] = proj.detach().to(torch.bfloat16).contiguous()  # P [H_target, d]
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    save_file(without_table(llama.state_dict(), proj), out / "model.safetensors", metadata={"format": "pt"})
     config = llama.config.to_dict()
     config.update(architectures=["LlamaForCausalLM"], dtype="bfloat16")
     config["specdec_draft"] = {"target": Path(str(target_name)).name,

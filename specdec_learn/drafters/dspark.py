@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..sampling import probabilities, sample
+from ..sampling import draft_token
 from .base import Proposal
 from .dflash import (
     DFlashDrafter,
@@ -215,10 +215,7 @@ class DSparkDrafter(DFlashDrafter):
         qs = []
 
         def pick(row):
-            if sampling.greedy:
-                return int(row.argmax())
-            qs.append(probabilities(row, sampling))
-            return sample(qs[-1], generator)
+            return draft_token(row, sampling, generator, qs)
 
         tokens, _, prevs = markov_draft(base, state.ids[-1], self.markov, pick)
         if self.gate is not None:

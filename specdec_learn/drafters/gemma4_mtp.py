@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from ..sampling import probabilities, sample
+from ..sampling import draft_token
 from .base import Drafter, Proposal
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
@@ -133,12 +133,7 @@ class Gemma4AssistantDrafter(Drafter):
         tokens, qs = [], []
         for _ in range(k):
             logits, h = self.step(tok, h, position_ids, shared_kv)
-            if sampling.greedy:
-                tok = int(logits.argmax())
-            else:
-                q = probabilities(logits, sampling)  # [V]
-                tok = sample(q, generator)
-                qs.append(q)
+            tok = draft_token(logits, sampling, generator, qs)
             tokens.append(tok)
         return Proposal(tokens, torch.stack(qs) if qs else None)
 

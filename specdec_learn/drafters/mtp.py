@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..sampling import probabilities, sample
+from ..sampling import draft_token
 from ..target import crop_cache
 from .base import Drafter, Proposal
 
@@ -394,12 +394,7 @@ class MTPDrafter(Drafter):
         logits, last = outputs  # step 0: layer 0's logits and output at position T-1 (from the catch-up)
         chain = last[:, :0]  # the outputs of the step before, for the positions that used drafts
         for s in range(k):
-            if sampling.greedy:
-                tokens.append(int(logits.argmax()))
-            else:
-                q = probabilities(logits, sampling)  # [V]
-                tokens.append(sample(q, generator))
-                qs.append(q)
+            tokens.append(draft_token(logits, sampling, generator, qs))
             if s == k - 1:
                 break
             j = (s + 1) % self.n

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
 from .data import default_dir, load_examples, split_examples
+from .schedule import load_state, save_state
 
 # --- the blocks of one example --------------------------------------------------
 
@@ -210,12 +210,10 @@ def train_loop(model, loss_fn, train_feats, eval_feats, out_dir: Path, state_fil
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     step = 0
-    if state_file.exists():
-        state = torch.load(state_file)
+    if state := load_state(state_file):
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
-        print(f"resuming at step {step}")
     warmup = min(50, steps // 10)
 
     def lr_at(s):
@@ -271,9 +269,7 @@ def evaluate(model, loss_fn, feats, num_anchors: int, seed: int = 0) -> torch.Te
 
 
 def _save_state(model, opt, step, state_file, save, out_dir):
-    tmp = state_file.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
-    os.replace(tmp, state_file)
+    save_state(state_file, model=model.state_dict(), opt=opt.state_dict(), step=step)
     model.eval()
     save(model, out_dir)
     model.train()
@@ -343,15 +339,20 @@ def main(argv=None) -> int:
 
 def cli(args) -> int:
     """`specdec train dflash`: the same recipe with the shared `train` arguments (sizes at their defaults)."""
+    return run_from_cli(args, "dflash", train_dflash, "z-lab-format")
+
+
+def run_from_cli(args, method: str, train_fn, format_name: str) -> int:
+    """`specdec train <method>` for the block drafters: load the target, train until the budget is spent."""
     from ..target import load
 
     if args.budget_minutes is None and args.steps is None:
         raise ValueError("Give a budget: --budget-minutes N or --steps N (training runs until one is spent).")
     target = load(args.target, dtype=args.dtype, device=args.device)
-    out = args.out or f"dflash-{Path(str(args.target)).name}"
-    train_dflash(target, out, args.data_dir, steps=args.steps or 100_000, lr=args.lr,
-                 budget_s=args.budget_minutes * 60 if args.budget_minutes else None, seed=args.seed)
-    print(f"z-lab-format dflash drafter written to {out}")
+    out = args.out or f"{method}-{Path(str(args.target)).name}"
+    train_fn(target, out, args.data_dir, steps=args.steps or 100_000, lr=args.lr,
+             budget_s=args.budget_minutes * 60 if args.budget_minutes else None, seed=args.seed)
+    print(f"{format_name} {method} drafter written to {out}")
     return 0
 
 

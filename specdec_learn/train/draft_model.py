@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..drafters.draft_model import CHECKPOINTS, save_draft_delta
 from .data import default_dir, load_examples, split_examples
+from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable, principal_directions
 
 
@@ -93,18 +93,15 @@ def train(target, steps: int, batch: int = 8, lr: float = 2e-3, budget_s: float 
     student = Student(target.model.get_input_embeddings().weight.detach(), student_config(target.model.config, **shape))
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     state_file, step = work_dir / "state.pt", 0
-    if state_file.exists():  # resume
-        saved = torch.load(state_file, weights_only=False)
+    if saved := load_state(state_file, log):
         student.load_state_dict(saved["student"]), opt.load_state_dict(saved["opt"])
         step = saved["step"]
-        log(f"resumed at step {step}")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     t0 = time.perf_counter()
     student.train()
     while step < steps and (budget_s is None or time.perf_counter() - t0 < budget_s):
-        for group in opt.param_groups:  # linear warm-up, then cosine
-            group["lr"] = lr * min(1.0, (step + 1) / min(50, steps / 10)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        set_lr(opt, warmup_cosine(step, steps, lr))
         table = student.table()  # once per step: its backward into P is the step's largest matmul
         total, accs = 0.0, []
         for j in range(batch):
@@ -120,8 +117,8 @@ def train(target, steps: int, batch: int = 8, lr: float = 2e-3, budget_s: float 
         if step % 10 == 0:
             log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(total.detach()):.3f} acc {sum(accs) / len(accs):.2f}")
         if step % save_every == 0:
-            torch.save({"student": student.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
-    torch.save({"student": student.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
+            save_state(state_file, student=student.state_dict(), opt=opt.state_dict(), step=step)
+    save_state(state_file, student=student.state_dict(), opt=opt.state_dict(), step=step)
     student.eval()
     return student, step
 

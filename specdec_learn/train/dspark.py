@@ -40,6 +40,7 @@ from .dflash import (
     init_from_target,
     load_features,
     position_weights,
+    run_from_cli,
     shared_taps,
     slot_accuracy,
     state_file_for,
@@ -135,16 +136,7 @@ def main(argv=None) -> int:
 
 def cli(args) -> int:
     """`specdec train dspark`: the same recipe with the shared `train` arguments (sizes at their defaults)."""
-    from ..target import load
-
-    if args.budget_minutes is None and args.steps is None:
-        raise ValueError("Give a budget: --budget-minutes N or --steps N (training runs until one is spent).")
-    target = load(args.target, dtype=args.dtype, device=args.device)
-    out = args.out or f"dspark-{Path(str(args.target)).name}"
-    train_dspark(target, out, args.data_dir, steps=args.steps or 100_000, lr=args.lr,
-                 budget_s=args.budget_minutes * 60 if args.budget_minutes else None, seed=args.seed)
-    print(f"speculators-format dspark drafter written to {out}")
-    return 0
+    return run_from_cli(args, "dspark", train_dspark, "speculators-format")
 
 
 if __name__ == "__main__":

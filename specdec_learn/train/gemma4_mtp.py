@@ -45,6 +45,7 @@ from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..models import strip_table
 from ..target import DecodeState
 from .data import default_dir, load_examples, split_examples
+from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -140,8 +141,7 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
     params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     state_file, step = work_dir / "state.pt", 0
-    if state_file.exists():
-        saved = torch.load(state_file, weights_only=False)
+    if saved := load_state(state_file, log):
         assistant.load_state_dict(saved["assistant"])
         if "proj" in saved:
             table.proj.data.copy_(saved["proj"])
@@ -151,7 +151,6 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
             params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
             opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         step = saved["step"]
-        log(f"resumed at step {step}")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     gen = torch.Generator().manual_seed(seed + step)
@@ -164,9 +163,7 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
         h, K, V = (f.float() for f in features[i])
         ids = torch.tensor(examples[i].input_ids)
         mask = torch.tensor(examples[i].loss_mask)
-        for group in opt.param_groups:  # linear warm-up, then cosine
-            warm_up = min(1.0, (step + 1) / min(50, steps / 10))
-            group["lr"] = lr * warm_up * 0.5 * (1 + math.cos(math.pi * step / steps))
+        set_lr(opt, warmup_cosine(step, steps, lr))
         loss, accs = assistant_loss(assistant, target, ids, mask, h, K, V, depth, beta, anchors, gen, table())
         if loss is not None:
             opt.zero_grad()
@@ -178,10 +175,8 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
             log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(loss.detach()):.3f} "
                 f"acc/step {[round(a, 2) for a in accs]}")
         if step % save_every == 0:
-            torch.save({"assistant": assistant.state_dict(), "proj": table.proj.data, "opt": opt.state_dict(),
-                        "step": step}, state_file)
-    torch.save({"assistant": assistant.state_dict(), "proj": table.proj.data, "opt": opt.state_dict(), "step": step},
-               state_file)
+            save_state(state_file, assistant=assistant.state_dict(), proj=table.proj.data, opt=opt.state_dict(), step=step)
+    save_state(state_file, assistant=assistant.state_dict(), proj=table.proj.data, opt=opt.state_dict(), step=step)
     with torch.no_grad():  # the tied embedding / lm_head becomes the table it was trained as
         assistant.model.embed_tokens.weight.copy_(table())
     assistant.eval()

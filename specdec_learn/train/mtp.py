@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 
 from ..drafters.mtp import MTPHead, _causal_mask, _rotary, save_mtp
 from .data import capture_taps, default_dir, load_examples, split_examples
+from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -108,11 +108,9 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
     head = graft_head(target)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     state_file, step = work_dir / "state.pt", 0
-    if state_file.exists():  # resume
-        saved = torch.load(state_file, weights_only=False)
+    if saved := load_state(state_file, log):
         head.load_state_dict(saved["head"]), opt.load_state_dict(saved["opt"])
         step = saved["step"]
-        log(f"resumed at step {step}")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     gen = torch.Generator().manual_seed(seed + step)
@@ -127,9 +125,7 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
             with torch.no_grad():
                 features[i] = target.final_norm(capture_taps(target, ex, (L,))[L]).to(torch.bfloat16)
         h = features[i].float()  # [T, H]
-        for group in opt.param_groups:  # linear warm-up, then cosine
-            warm_up = min(1.0, (step + 1) / min(50, steps / 10))
-            group["lr"] = lr * warm_up * 0.5 * (1 + math.cos(math.pi * step / steps))
+        set_lr(opt, warmup_cosine(step, steps, lr))
         loss, accs = mtp_loss(head, target, ids, mask, h, depth, beta, max_rows, gen)
         if torch.is_tensor(loss):
             opt.zero_grad()
@@ -140,9 +136,9 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
         if step % 10 == 0 and torch.is_tensor(loss):
             log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(loss.detach()):.3f} "
                 f"acc/step {[round(a, 2) for a in accs]}")
-        if step % save_every == 0 or step == steps:
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step}, state_file)
+        if step % save_every == 0:
+            save_state(state_file, head=head.state_dict(), opt=opt.state_dict(), step=step)
+    save_state(state_file, head=head.state_dict(), opt=opt.state_dict(), step=step)
     head.eval()
     log(f"held-out teacher-forced accuracy per step: {evaluate(head, target, held_out[:20], depth)}")
     return head, step
