@@ -24,7 +24,6 @@ from specdec_learn.drafters.dflash import (
 from specdec_learn.target import DecodeState
 
 
-
 @pytest.fixture(scope="module")
 def parity_prompts(real_prompts):
     return real_prompts  # 10 prompts, the last one stops early at EOS (conftest)

@@ -21,7 +21,6 @@ from specdec_learn.drafters.dspark import (
 )
 
 
-
 # -- the Markov head and the gate, by hand --------------------------------------------
 
 

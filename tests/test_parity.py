@@ -13,7 +13,6 @@ import specdec_learn as sd
 from conftest import MAX_NEW, check_parity, tiny_llama
 
 
-
 @pytest.fixture(scope="module")
 def ar_outputs(ar_greedy):
     return ar_greedy  # plain greedy decoding of real_prompts, MAX_NEW tokens each (conftest)
