@@ -230,6 +230,23 @@ def split_examples(examples: list[Example], eval_fraction: float = 0.05) -> tupl
     return [ex for ex in examples if not is_eval(ex)], [ex for ex in examples if is_eval(ex)]
 
 
+def training_split(target_name: str, data_dir=None) -> tuple[list[Example], list[Example]]:
+    """(train, held-out) examples of the target's dataset, or a clear error when it is empty."""
+    data_dir = data_dir or default_dir(target_name)
+    examples, held_out = split_examples(load_examples(data_dir))
+    if not examples:
+        raise ValueError(f"No training examples in {data_dir}: build them with `specdec train data` first.")
+    return examples, held_out
+
+
+def work_dir_for(target_name: str, method: str, work_dir=None) -> Path:
+    """Where a trainer keeps its resumable state: $SPECDEC_CACHE/train/<method>-<target>/ unless given."""
+    name = Path(str(target_name)).name
+    work_dir = Path(work_dir or cache_dir() / "train" / f"{method}-{name}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return work_dir
+
+
 @torch.inference_mode()
 def capture_taps(target, example: Example, taps) -> dict[int, torch.Tensor]:
     """The residual stream at `taps` over the whole example: {tap: [T, H]}, one target forward."""

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..drafters.draft_model import CHECKPOINTS, save_draft_delta
-from .data import default_dir, load_examples, split_examples
+from .data import training_split, work_dir_for
 from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable, principal_directions
 
@@ -83,12 +83,8 @@ class Student(torch.nn.Module):
 def train(target, steps: int, batch: int = 8, lr: float = 2e-3, budget_s: float | None = None,
           save_every: int = 25, work_dir=None, data_dir=None, seed: int = 0, log=print, **shape) -> tuple[Student, int]:
     name = Path(str(target.name)).name
-    work_dir = Path(work_dir or default_dir(name).parent.parent / "train" / f"draft-{name}")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    examples, held_out = split_examples(load_examples(data_dir or default_dir(name)))
-    if not examples:
-        raise ValueError(f"No training examples in {data_dir or default_dir(name)}: build them with "
-                         "`specdec train data` first.")
+    work_dir = work_dir_for(name, "draft", work_dir)
+    examples, held_out = training_split(name, data_dir)
     torch.manual_seed(seed)
     student = Student(target.model.get_input_embeddings().weight.detach(), student_config(target.model.config, **shape))
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
@@ -155,7 +151,7 @@ def main(argv=None):
     target = load(args.target, dtype="fp32", device="cpu")
     student, step = train(target, args.steps, args.batch, args.lr, args.budget_min * 60 if args.budget_min else None,
                           hidden=args.hidden, layers=args.layers, intermediate=3 * args.hidden)
-    _, held_out = split_examples(load_examples(default_dir(Path(args.target).name)))
+    _, held_out = training_split(Path(args.target).name)
     accuracy = evaluate(student, held_out)
     print(f"held-out top-1 agreement with the target's greedy answers: {accuracy}")
     info = {"target": Path(args.target).name, "steps": step, "batch": args.batch, "lr": args.lr,

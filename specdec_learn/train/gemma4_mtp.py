@@ -44,7 +44,7 @@ from transformers import DynamicCache
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..models import strip_table
 from ..target import DecodeState
-from .data import default_dir, load_examples, split_examples
+from .data import training_split, work_dir_for
 from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable
 
@@ -127,11 +127,8 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
           hidden_size: int = 128, num_layers: int = 4, budget_s=None, save_every: int = 50, work_dir=None,
           data_dir=None, seed: int = 0, log=print):
     name = Path(str(target.name)).name
-    work_dir = Path(work_dir or default_dir(name).parent.parent / "train" / f"gemma4-assistant-{name}")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    examples, held_out = split_examples(load_examples(data_dir or default_dir(name)))
-    if not examples:
-        raise ValueError(f"No training examples in {data_dir or default_dir(name)}: build them with train/data.py.")
+    work_dir = work_dir_for(name, "gemma4-assistant", work_dir)
+    examples, held_out = training_split(name, data_dir)
     target.model.requires_grad_(False)
     assistant = random_assistant(target, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
                                  num_heads=2 * target.config.num_key_value_heads).float()

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.mtp import MTPHead, _causal_mask, _rotary, save_mtp
-from .data import capture_taps, default_dir, load_examples, split_examples
+from .data import capture_taps, training_split, work_dir_for
 from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -99,11 +99,8 @@ def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-
           budget_s: float | None = None, save_every: int = 50, work_dir=None, data_dir=None, seed: int = 0,
           log=print) -> MTPHead:
     name = Path(str(target.name)).name
-    work_dir = Path(work_dir or default_dir(name).parent.parent / "train" / f"mtp-{name}")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    examples, held_out = split_examples(load_examples(data_dir or default_dir(name)))
-    if not examples:
-        raise ValueError(f"No training examples in {data_dir or default_dir(name)}: build them with train/data.py.")
+    work_dir = work_dir_for(name, "mtp", work_dir)
+    examples, held_out = training_split(name, data_dir)
     target.model.requires_grad_(False)
     head = graft_head(target)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
