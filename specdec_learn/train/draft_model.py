@@ -46,8 +46,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..drafters.draft_model import CHECKPOINTS, save_draft_delta
 from .data import training_split, work_dir_for
-from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable, principal_directions
+from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 
 def student_config(target_config, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,

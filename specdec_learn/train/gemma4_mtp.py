@@ -45,8 +45,8 @@ from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..models import strip_table
 from ..target import DecodeState
 from .data import training_split, work_dir_for
-from .schedule import load_state, save_state, set_lr, warmup_cosine
 from .projected import ProjectedTable
+from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
