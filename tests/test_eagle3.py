@@ -201,10 +201,10 @@ def test_twenty_training_steps_lower_the_loss(tmp_path):
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, ar_greedy, k):
     """The shipped drafter (or a random one, when none is shipped) never changes greedy output."""
-    from specdec_learn.drafters.eagle3 import shipped_checkpoint
+    from specdec_learn.checkpoints import shipped
 
     try:
-        drafter = Eagle3Drafter(load_eagle3(shipped_checkpoint(target), target), target)
+        drafter = Eagle3Drafter(load_eagle3(shipped("eagle3", target.name), target), target)
     except ValueError:  # nothing shipped yet: a random drafter (test_shipped_drafter_is_small_and_loads fails)
         drafter = Eagle3Drafter(new_eagle3(target, draft_ids=list(range(4096))), target)
     check_parity(target, real_prompts, ar_greedy, drafter, k)
@@ -212,10 +212,10 @@ def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, ar_greedy
 
 @pytest.mark.slow
 def test_shipped_drafter_is_small_and_loads(target):
-    from specdec_learn.drafters.eagle3 import shipped_checkpoint
+    from specdec_learn.checkpoints import shipped
     from specdec_learn.zoo import make_drafter
 
-    path = shipped_checkpoint(target)
+    path = shipped("eagle3", target.name)
     size_mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
     assert size_mb < 25, f"the shipped EAGLE-3 drafter takes {size_mb:.1f} MB"
     assert (path / "README.md").is_file()

@@ -7,7 +7,7 @@ from test_mtp_train import write_examples
 
 import specdec_learn as sd
 from specdec_learn.drafters.gemma4_mtp import Gemma4AssistantDrafter, load_gemma4_assistant
-from specdec_learn.models import PROJECTION, TABLE, strip_table
+from specdec_learn.checkpoints import PROJECTION, TABLE, strip_table
 from specdec_learn.train import gemma4_mtp as train_g4
 from specdec_learn.train.data import load_examples
 

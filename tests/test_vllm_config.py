@@ -8,7 +8,6 @@ import specdec_learn as sd
 from specdec_learn.vllm_backend import (
     CPU_METHODS,
     check_platform_runs,
-    counters_difference,
     cpu_environment,
     request_stats,
     speculative_config,
@@ -64,7 +63,7 @@ def test_cpu_environment_binds_our_thread_count_and_stays_in_the_cache(tmp_path)
 def test_counters_are_differenced_per_call():
     before = sd.Stats(num_drafts=4, num_draft_tokens=10, num_accepted_tokens=6, accepted_per_pos=[4, 2])
     after = sd.Stats(num_drafts=9, num_draft_tokens=25, num_accepted_tokens=13, accepted_per_pos=[8, 4, 1])
-    call = counters_difference(after, before)
+    call = after - before
     assert (call.num_drafts, call.num_draft_tokens, call.num_accepted_tokens) == (5, 15, 7)
     assert call.accepted_per_pos == [4, 2, 1]
     assert call.mean_acceptance_length == pytest.approx(1 + 7 / 5)

@@ -1,25 +1,45 @@
-"""What every drafter is: three verbs the loop calls.
+"""What every drafter is: the verbs the loop calls, and the contract they keep.
 
-    start(target, state, hidden)   once, after the target prefilled the prompt
+    start(target, state, hidden)   once per request, after the target prefilled the prompt
     propose(state, k, ...)         up to k draft tokens (+ their probabilities q)
-    observe(state, n, hidden)      after each round: n drafts were accepted
+    observe(state, n, hidden)      after each round's verify and commit: n drafts were accepted
     forget()                       drop anything kept across requests (a benchmark run starts clean)
+
+The lifecycle, as decode.generate drives it (these are promises every
+drafter may rely on, and every loop change must keep):
+
+1. ``start`` opens a request. ``hidden[t]`` holds the taps of ``state.ids[:-1]``
+   ([prompt_len - 1, H]); on a one-token prompt that is ZERO rows, and the
+   first ``propose`` must cope (return no drafts, or draft from nothing).
+   Everything a drafter keeps per request is reset here.
+2. Each round: ``propose`` (skipped when the budget leaves room for no draft,
+   i.e. on the budget's last token), then one target verify and commit, then
+   ``observe`` — ALWAYS, even when ``propose`` was skipped (then n = 0). Its
+   ``hidden[t]`` has n + 1 rows, for ``[last, d1..dn]``: exactly the tokens the
+   round moved into the target cache. A drafter that catches up in ``propose``
+   must therefore queue what ``observe`` hands it, not replace it.
+3. After ``observe``, ``state.ids`` ends with the target's own token, which is
+   not yet in the target cache (the cache invariant, target.py).
+4. ``forget`` drops what was learned from EARLIER requests (only suffix
+   decoding keeps anything across them); ``start`` never does that.
+
+What a drafter may and may not do: read ``state.ids`` and (the Gemma 4
+assistant) ``state.cache``, never change either; return fewer than k tokens
+(n-gram without a match, DSpark's gate), never more (the loop refuses); give
+``q`` with one row per token, or None when its drafts are deterministic
+(greedy: the rejection sampler treats them as one-hot). Its time — propose,
+observe, and the commit between them — is the round's draft time.
 
 The drafters in this library read the target in different ways, and the
 interface leaves room for all of them:
 
-* n-gram looks only at ``state.ids``;
+* n-gram and suffix decoding look only at ``state.ids``;
 * a draft model keeps its own KV cache and crops it in `observe`;
 * EAGLE-3, MTP, DFlash and DSpark read the target's hidden states. A drafter
-  lists the taps it wants in ``taps``; the loop asks the target for them and
-  hands `start` the prompt's rows and `observe` the rows of the tokens the
-  round committed to the target cache (``[last, d1..dn]``, n + 1 rows);
+  lists the taps it wants in ``taps``; the loop asks the target for them;
 * the Gemma 4 assistant reads the target's KV cache itself: ``state.cache``;
 * block drafters (DFlash, DSpark) draft all k tokens in one pass and set
   ``max_k`` to what their block allows.
-
-A drafter may return fewer than k tokens (n-gram without a match, DSpark's
-confidence gate); the loop verifies whatever it gets.
 """
 
 from __future__ import annotations

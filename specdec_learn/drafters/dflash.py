@@ -45,20 +45,19 @@ template never produces, so its embedding row is free to mean MASK, and the
 checkpoint stays in the unchanged z-lab format (just ``mask_token_id: 16``),
 with no extra embedding row to ship. The draft learns what that row means.
 
-Format: z-lab ``DFlashDraftModel`` (config.json + model.safetensors; see
-`load_dflash`/`save_dflash`), so ``z-lab/Qwen3-8B-DFlash-b16`` loads unchanged.
+Format: z-lab ``DFlashDraftModel`` (config.json + model.safetensors; names
+and keys in formats/zlab.py), so ``z-lab/Qwen3-8B-DFlash-b16`` loads unchanged.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from ..formats.io import load_strict
+from ..formats.zlab import read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from .base import Drafter, Proposal
 
@@ -308,104 +307,17 @@ class DFlashDrafter(Drafter):
         self.pending = torch.cat([self.pending, self._cat(hidden)])
 
 
-# -- the z-lab checkpoint format ----------------------------------------------
-
-# Keys that are ours (or z-lab's) rather than Qwen3Config's.
-_DFLASH_KEYS = ("block_size", "dflash_config", "mask_token_id", "target_layer_ids", "num_target_layers", "architectures")
-
-
-def qwen3_config(d: dict) -> Qwen3Config:
-    """A Qwen3Config from a config.json dict, old (`rope_theta`) or new (`rope_parameters`) style."""
-    d = dict(d)
-    if "rope_parameters" not in d and "rope_theta" in d:
-        d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta")}
-        if d.get("rope_scaling"):
-            d["rope_parameters"].update(d.pop("rope_scaling"))
-    return Qwen3Config(**d)
-
-
-def read_config(path) -> dict:
-    path = Path(path)
-    file = path / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"No config.json in {path}: point to a drafter checkpoint directory.")
-    return json.loads(file.read_text())
-
-
-def read_weights(path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"No *.safetensors in {path}.")
-    weights = {}
-    for f in files:
-        weights.update(load_file(f))
-    return weights
-
-
-def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:
-    """Strict load that names the missing and unexpected tensors."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(weights))
-    unexpected = sorted(set(weights) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"{what}: missing tensors {missing[:6]}, unexpected tensors {unexpected[:6]}.")
-    model.load_state_dict(weights)
+# -- load and save (the z-lab format itself: formats/zlab.py) ---------------------------
 
 
 def load_dflash(path, dtype=None) -> DFlashModel:
-    """A z-lab DFlash checkpoint directory -> DFlashModel.
-
-    `block_size`, `mask_token_id` and `target_layer_ids` are read from
-    ``dflash_config`` first, then from the top level (older checkpoints).
-    """
-    d = read_config(path)
-    if "DFlashDraftModel" not in (d.get("architectures") or []):
-        raise ValueError(f"{path} is not a z-lab DFlash checkpoint (architectures={d.get('architectures')}).")
-    sub = d.get("dflash_config") or {}
-
-    def field(name, default=None):
-        return sub.get(name, d.get(name, default))
-
-    cfg = qwen3_config({k: v for k, v in d.items() if k not in _DFLASH_KEYS})
-    cfg.block_size = int(field("block_size", 16))
-    cfg.mask_token_id = field("mask_token_id")
-    cfg.target_layer_ids = field("target_layer_ids")
-    cfg.num_target_layers = d.get("num_target_layers")
-    if cfg.mask_token_id is None or cfg.target_layer_ids is None:
-        raise ValueError(f"{path}/config.json lacks mask_token_id or target_layer_ids (in dflash_config).")
-    weights = read_weights(path)
-    target_hidden = weights["fc.weight"].shape[1] // len(cfg.target_layer_ids)
-    model = DFlashModel(cfg, target_hidden_size=target_hidden)
-    load_weights(model, weights, f"DFlash checkpoint {path}")
+    """A z-lab DFlash checkpoint directory -> DFlashModel."""
+    cfg, weights = read_dflash(path)
+    model = DFlashModel(cfg, target_hidden_size=weights["fc.weight"].shape[1] // len(cfg.target_layer_ids))
+    load_strict(model, weights, f"DFlash checkpoint {path}")
     return model.to(dtype) if dtype is not None else model
 
 
-def save_dflash(model: DFlashModel, path, dtype=torch.bfloat16) -> None:
+def save_dflash(model: DFlashModel, path, dtype=torch.bfloat16):
     """Write `model` as a z-lab DFlash checkpoint (config.json + model.safetensors)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
-    d = {k: v for k, v in cfg.to_dict().items() if k not in _DFLASH_KEYS}
-    d.update(
-        architectures=["DFlashDraftModel"], model_type="qwen3", block_size=cfg.block_size,
-        num_target_layers=getattr(cfg, "num_target_layers", None),
-        dflash_config={"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-    )
-    (path / "config.json").write_text(json.dumps(d, indent=2))
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
-
-
-def shipped_checkpoint(target, method: str = "dflash") -> Path:
-    """The `method` drafter this package ships for `target`, or a clear error when there is none."""
-    path = Path(__file__).resolve().parent.parent / "checkpoints" / f"{method}-{Path(str(target.name)).name}"
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"No {method} drafter is shipped for target {target.name!r}: pass draft=<a checkpoint folder> "
-            f"(CLI: --draft), or train one with `python -m specdec_learn.train.{method}`."
-        )
-    return path
+    return write_dflash(model.config, model.state_dict(), path, dtype)

@@ -13,14 +13,9 @@ rejection sampler; under greedy decoding the drafts are argmaxes and need no q.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from safetensors.torch import save_file
 from transformers import DynamicCache
 
-from ..models import materialize, without_table
 from ..sampling import draft_token
 from ..target import crop_cache
 from .base import Drafter, Proposal
@@ -75,40 +70,9 @@ def check_same_vocabulary(draft_model, target) -> None:
         )
 
 
-# --- the shipped draft model ---------------------------------------------------------
-#
-# No smaller SmolLM2 ships offline, so this package ships one it distilled
-# (`train/draft_model.py`): a narrow Llama whose embedding is the target's,
-# projected, E_draft = E_target · P. The checkpoint folder holds the layers and
-# P ("embed_projection" [H_target, d]) but not the 49,152-row table, which
-# `models.materialize` rebuilds from the target's own weights into an ordinary
-# HF folder (what our loop, HF `assistant_model` and vLLM's `draft_model` load).
+def load_draft_model(path, target) -> DraftModelDrafter:
+    """A draft model from an HF folder (complete: see checkpoints.complete), in the target's dtype and device."""
+    from ..models import load_hf
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-
-
-def save_draft_delta(llama, proj: torch.Tensor, out_dir, target_name: str, info: dict) -> Path:
-    """Write a draft model without its embedding: config.json + model.safetensors (layers, norm, P), bf16."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(without_table(llama.state_dict(), proj), out / "model.safetensors", metadata={"format": "pt"})
-    config = llama.config.to_dict()
-    config.update(architectures=["LlamaForCausalLM"], dtype="bfloat16")
-    config["specdec_draft"] = {"target": Path(str(target_name)).name,
-                               "embedding": "model.embed_tokens.weight = target embedding @ embed_projection",
-                               "training": info}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
-
-
-def shipped_draft_model(target_name: str) -> Path:
-    """The HF folder of the draft model this package ships for `target_name`, or a clear error."""
-    name = Path(str(target_name)).name
-    folder = CHECKPOINTS / f"draft-{name}"
-    if not (folder / "config.json").is_file():
-        raise ValueError(
-            f"No draft model is shipped for {name!r}: pass draft=<an HF model sharing its tokenizer> "
-            "(CLI: --draft), draft='target' for the upper bound, or distil one with "
-            "`python -m specdec_learn.train.draft_model`."
-        )
-    return materialize(folder, target_name)
+    model, _ = load_hf(str(path), dtype=target.dtype, device=str(target.device))
+    return DraftModelDrafter(model, target)

@@ -39,19 +39,10 @@ Tap numbering. DSpark's ``target_layer_ids`` use DFlash's convention (i = the
 output of layer i = tap i + 1) plus ``-1`` = the embedding output = tap 0;
 the same ``i + 1`` covers both.
 
-Formats (see `load_dspark` / `save_dspark`):
-
-* DeepSpec ``Qwen3DSparkModel``: config.json with Qwen3 fields plus
-  ``block_size, target_layer_ids, mask_token_id, markov_rank,
-  markov_head_type, enable_confidence_head, confidence_head_with_markov,
-  num_anchors``; tensors of the DFlash backbone plus the draft's OWN
-  ``embed_tokens`` and ``lm_head`` (copies of the target's),
-  ``markov_head.markov_w{1,2}.weight``, ``confidence_head.proj.{weight,bias}``.
-* speculators ``dspark``: ``speculators_model_type: "dspark"``, the layer
-  config under ``transformer_layer_config``, taps as
-  ``aux_hidden_state_layer_ids`` (already + 1, i.e. our tap numbers), same
-  tensor names, no embedding or LM head (the verifier's are used). This is
-  the format the shipped SmolLM2 drafter uses: it stays small.
+Formats: DeepSpec's ``Qwen3DSparkModel`` (with the draft's own embedding and
+LM head; formats/deepspec.py) and speculators' ``dspark`` (without them: the
+verifier's are used; formats/speculators.py). The shipped SmolLM2 drafter
+uses the speculators one: it stays small.
 
 Only the ``vanilla`` Markov head is implemented (vLLM too); a ``gated`` or
 ``rnn`` checkpoint is refused with a message.
@@ -59,23 +50,14 @@ Only the ``vanilla`` Markov head is implemented (vLLM too); a ``gated`` or
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 from torch import nn
 
+from ..formats import deepspec, speculators
+from ..formats.io import load_strict, read_config
 from ..sampling import draft_token
 from .base import Proposal
-from .dflash import (
-    DFlashDrafter,
-    DFlashModel,
-    draft_config,
-    load_weights,
-    qwen3_config,
-    read_config,
-    read_weights,
-)
+from .dflash import DFlashDrafter, DFlashModel, draft_config
 
 
 class MarkovHead(nn.Module):
@@ -226,102 +208,39 @@ class DSparkDrafter(DFlashDrafter):
         return Proposal(tokens, q)
 
 
-# -- checkpoint formats ---------------------------------------------------------
-
-_DSPARK_KEYS = (
-    "block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
-    "confidence_head_with_markov", "num_anchors", "num_target_layers", "architectures", "dflash_config",
-)
-
-
-def _check_head_type(cfg, path) -> None:
-    if cfg.markov_rank > 0 and cfg.markov_head_type != "vanilla":
-        raise ValueError(
-            f"{path}: markov_head_type {cfg.markov_head_type!r} is not implemented here, only 'vanilla' "
-            "(as in vLLM). Use a vanilla-head checkpoint."
-        )
+# -- load and save (the formats themselves: formats/deepspec.py, formats/speculators.py) --
 
 
 def load_dspark(path, dtype=None) -> DSparkModel:
     """A DeepSpec (`Qwen3DSparkModel`) or speculators (`dspark`) checkpoint directory -> DSparkModel."""
-    d = read_config(path)
-    if d.get("speculators_model_type") == "dspark":
-        cfg = qwen3_config(d["transformer_layer_config"])
-        if d.get("draft_vocab_size", cfg.vocab_size) != cfg.vocab_size:
-            raise ValueError(
-                f"{path}: a reduced draft vocabulary (d2t/t2d) is not supported; train with the full vocabulary."
-            )
-        if not d.get("sample_from_anchor", True):
-            raise ValueError(f"{path}: sample_from_anchor=false is DFlash's slot convention, not DSpark's.")
-        cfg.target_layer_ids = [t - 1 for t in d["aux_hidden_state_layer_ids"]]  # taps -> DSpark ids (0 -> -1)
-        fields = d
-        own = False
-    elif "Qwen3DSparkModel" in (d.get("architectures") or []):
-        cfg = qwen3_config({k: v for k, v in d.items() if k not in _DSPARK_KEYS})
-        cfg.target_layer_ids = list(d["target_layer_ids"])
-        fields = d
-        own = True
+    d = read_config(path, "a DSpark checkpoint")
+    if speculators.is_dspark(d):
+        (cfg, weights), own = speculators.read_dspark(path, d), False
+    elif deepspec.is_deepspec(d):
+        (cfg, weights), own = deepspec.read_dspark(path, d), True
     else:
         raise ValueError(
             f"{path} is neither a DeepSpec DSpark checkpoint (architectures Qwen3DSparkModel) "
             f"nor a speculators one (speculators_model_type 'dspark')."
         )
-    cfg.block_size = int(fields["block_size"])
-    cfg.mask_token_id = fields["mask_token_id"]
-    cfg.markov_rank = int(fields.get("markov_rank", 0))
-    cfg.markov_head_type = str(fields.get("markov_head_type", "vanilla")).lower()
-    cfg.enable_confidence_head = bool(fields.get("enable_confidence_head", False))
-    cfg.confidence_head_with_markov = bool(fields.get("confidence_head_with_markov", False))
-    cfg.num_anchors = int(fields.get("num_anchors", 256))
-    cfg.num_target_layers = fields.get("num_target_layers")
-    _check_head_type(cfg, path)
-    weights = read_weights(path)
     model = DSparkModel(cfg, weights["fc.weight"].shape[1] // len(cfg.target_layer_ids), own_embeddings=own)
-    load_weights(model, weights, f"DSpark checkpoint {path}")
+    load_strict(model, weights, f"DSpark checkpoint {path}")
     return model.to(dtype) if dtype is not None else model
 
 
-def save_dspark(model: DSparkModel, path, format: str = "speculators", target=None, dtype=torch.bfloat16) -> None:
+def save_dspark(model: DSparkModel, path, format: str = "speculators", target=None, dtype=torch.bfloat16):
     """Write `model` as a speculators `dspark` or a DeepSpec `Qwen3DSparkModel` checkpoint.
 
     DeepSpec's format holds the draft's own embed_tokens/lm_head; when the
     model borrows the target's, pass `target` to copy them in.
     """
-    from safetensors.torch import save_file
-
-    if format not in ("speculators", "deepspec"):
-        raise ValueError(f"format must be 'speculators' or 'deepspec', got {format!r}.")
-    cfg = model.config
-    heads = {
-        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank,
-        "markov_head_type": cfg.markov_head_type, "enable_confidence_head": cfg.enable_confidence_head,
-        "confidence_head_with_markov": cfg.confidence_head_with_markov, "num_anchors": cfg.num_anchors,
-    }
-    layer_cfg = {k: v for k, v in cfg.to_dict().items() if k not in _DSPARK_KEYS}
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    state = model.state_dict()
     if format == "speculators":
-        d = {
-            "speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"],
-            "transformer_layer_config": layer_cfg, "draft_vocab_size": cfg.vocab_size,
-            "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids], "sample_from_anchor": True,
-            "target_hidden_size": model.fc.in_features // len(cfg.target_layer_ids),
-            "speculators_config": {
-                "algorithm": "dspark", "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size}],
-            },
-            **heads,
-        }
-    else:
-        d = {**layer_cfg, "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
-             "target_layer_ids": list(cfg.target_layer_ids), "num_target_layers": cfg.num_target_layers, **heads}
-        if model.embed_tokens is not None:
-            state["embed_tokens.weight"], state["lm_head.weight"] = model.embed_tokens.weight, model.lm_head.weight
-        elif target is not None:
-            state["embed_tokens.weight"], state["lm_head.weight"] = target.embed_tokens.weight, target.lm_head.weight
-        else:
-            raise ValueError("DeepSpec's format stores embed_tokens and lm_head: pass target= to copy the target's.")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(d, indent=2))
-    state = {k: v.detach().to(dtype).contiguous().clone() for k, v in state.items()}
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+        return speculators.write_dspark(model.config, state, model.fc.in_features // len(model.config.target_layer_ids),
+                                        path, dtype)
+    if format != "deepspec":
+        raise ValueError(f"format must be 'speculators' or 'deepspec', got {format!r}.")
+    owner = model if model.embed_tokens is not None else target
+    if owner is None:
+        raise ValueError("DeepSpec's format stores embed_tokens and lm_head: pass target= to copy the target's.")
+    return deepspec.write_dspark(model.config, state, owner.embed_tokens.weight, owner.lm_head.weight, path, dtype)

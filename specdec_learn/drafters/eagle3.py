@@ -25,27 +25,22 @@ residual stream ENTERING those layers, i.e. HF `hidden_states[i]` (target.py's
 tap numbering).
 
 The weights load from, and save to, the *speculators* format (vLLM's `eagle3`
-method reads it): `config.json` with `speculators_model_type: "eagle3"` and a
-`transformer_layer_config` (llama or qwen3), plus `model.safetensors` with
-`fc`, `layers.0.*` (or the original `midlayer.*`), `norm`, `lm_head`, `d2t`,
-`t2d` and optionally `embed_tokens` (else the target's embedding is shared).
+method reads it; its names and config keys: formats/speculators.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # the same norm as the draft layer's
 
+from ..formats.io import load_strict
+from ..formats.speculators import Eagle3Config, eagle3_config_for, read_eagle3, write_eagle3
 from ..sampling import probabilities, sample
 from .base import Drafter, Proposal
-
-LAYER_TYPES = ("llama", "qwen3")
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -53,81 +48,7 @@ def default_taps(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-@dataclass
-class Eagle3Config:
-    """The fields of a speculators `config.json` this module uses."""
-
-    layer_config: dict  # `transformer_layer_config`: a llama / qwen3 config for the draft layer
-    draft_vocab_size: int
-    aux_layer_ids: tuple[int, ...]  # `eagle_aux_hidden_state_layer_ids`
-    target_hidden_size: int | None = None  # None = the draft's hidden size
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    extra: dict = field(default_factory=dict)  # other top-level keys, written back unchanged
-
-    @property
-    def hidden_size(self) -> int:
-        return self.layer_config["hidden_size"]
-
-    @property
-    def vocab_size(self) -> int:  # the TARGET's vocabulary
-        return self.layer_config["vocab_size"]
-
-    @property
-    def fc_in(self) -> int:
-        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
-
-    @classmethod
-    def from_json(cls, d: dict) -> Eagle3Config:
-        if d.get("speculators_model_type") != "eagle3":
-            raise ValueError(
-                f"Not an EAGLE-3 speculators config: speculators_model_type is "
-                f"{d.get('speculators_model_type')!r}, expected 'eagle3'."
-            )
-        layer = dict(d["transformer_layer_config"])
-        layer.setdefault("model_type", "llama")
-        if layer["model_type"] not in LAYER_TYPES:
-            raise ValueError(f"Draft layer type {layer['model_type']!r} is not supported; known: {', '.join(LAYER_TYPES)}.")
-        if layer.get("num_hidden_layers", 1) != 1:
-            raise ValueError(f"This loader reads one-layer EAGLE-3 drafters; the config has {layer['num_hidden_layers']}.")
-        known = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
-                 "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc"}
-        return cls(
-            layer_config=layer,
-            draft_vocab_size=d.get("draft_vocab_size", 32000),
-            aux_layer_ids=tuple(d.get("eagle_aux_hidden_state_layer_ids") or ()),
-            target_hidden_size=d.get("target_hidden_size"),
-            norm_before_residual=bool(d.get("norm_before_residual", False)),
-            norm_before_fc=bool(d.get("norm_before_fc", False)),
-            extra={k: v for k, v in d.items() if k not in known},
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "architectures": ["Eagle3Speculator"],
-            "speculators_model_type": "eagle3",
-            **{k: v for k, v in self.extra.items() if k != "architectures"},
-            "transformer_layer_config": self.layer_config,
-            "draft_vocab_size": self.draft_vocab_size,
-            "target_hidden_size": self.target_hidden_size,
-            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
-            "norm_before_residual": self.norm_before_residual,
-            "norm_before_fc": self.norm_before_fc,
-        }
-
-
 # --- the network ----------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -377,32 +298,12 @@ def share_embedding(model: Eagle3Model, target) -> None:
         model.__dict__["shared_embedding"] = target.embed_tokens
 
 
-# --- the speculators format: read and write ------------------------------------------
-
-
-SHIPPED = {"smollm2-135m": "eagle3-smollm2-135m"}  # target name -> folder under specdec_learn/checkpoints/
-
-
-def shipped_checkpoint(target) -> Path:
-    """The drafter this package ships for `target`, or a clear error when there is none."""
-    folder = SHIPPED.get(Path(str(target.name)).name)
-    path = Path(__file__).resolve().parent.parent / "checkpoints" / (folder or "")
-    if folder is None or not (path / "config.json").is_file():
-        raise ValueError(
-            f"No EAGLE-3 drafter is shipped for target {target.name!r}: pass draft=<a speculators-format folder> "
-            "(CLI: --draft), or train one with `specdec train eagle3`."
-        )
-    return path
+# --- load and save (the format itself: formats/speculators.py) ------------------------
 
 
 def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
-    """An Eagle3Model from a speculators-format folder (config.json + *.safetensors)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"No config.json in {path}: expected a speculators-format EAGLE-3 folder.")
-    cfg = Eagle3Config.from_json(json.loads((path / "config.json").read_text()))
+    """An Eagle3Model from a speculators-format folder, checked against `target` when given."""
+    cfg, tensors = read_eagle3(path)
     if not cfg.aux_layer_ids:  # older checkpoints leave the taps to the default
         if target is None:
             raise ValueError(f"{path}/config.json names no eagle_aux_hidden_state_layer_ids: pass the target, "
@@ -410,27 +311,11 @@ def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
         cfg.aux_layer_ids = default_taps(target.num_layers)
     if target is not None:
         check_compatible(cfg, target)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"No .safetensors weights in {path}.")
-    tensors = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    tensors = {k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k: v for k, v in tensors.items()}
     model = Eagle3Model(cfg)
     if "embed_tokens.weight" in tensors:
         model.embed_tokens = nn.Embedding(*tensors["embed_tokens.weight"].shape)
-    if "d2t" not in tensors and cfg.draft_vocab_size != cfg.vocab_size:
-        raise ValueError(f"{path}: the draft vocabulary ({cfg.draft_vocab_size}) is reduced but there is no d2t tensor.")
-    expected = model.state_dict()
-    for name, tensor in tensors.items():
-        if name in expected and expected[name].shape != tensor.shape:
-            raise ValueError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
-                             f"{tuple(expected[name].shape)}.")
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    missing = [m for m in missing if m not in ("d2t", "t2d")]
-    if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing}, unexpected tensors {unexpected}.")
+    identity = {name: t for name, t in model.state_dict().items() if name in ("d2t", "t2d") and name not in tensors}
+    load_strict(model, {**identity, **tensors}, f"EAGLE-3 checkpoint {path}")
     dtype = dtype or (target.dtype if target is not None else torch.float32)
     model = model.to(device=device or (target.device if target is not None else "cpu"), dtype=dtype)
     if target is not None:
@@ -438,44 +323,15 @@ def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
     return model.eval()
 
 
-def save_eagle3(model: Eagle3Model, path, dtype=torch.bfloat16, verifier: str | None = None) -> Path:
-    """Write `model` in the speculators format (loadable by vLLM's `eagle3` method)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
-    cfg.extra.setdefault("speculators_config", {
-        "algorithm": "eagle3",
-        "default_proposal_method": "greedy",
-        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-        "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
-    })
-    cfg.extra["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (path / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
-    tensors = {}
-    for name, t in model.state_dict().items():  # a shared embedding is not in it, so not saved
-        tensors[name] = t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+def save_eagle3(model: Eagle3Model, path, dtype=torch.bfloat16, verifier: str | None = None):
+    """Write `model` in the speculators format (a shared embedding is not in its state dict, so not saved)."""
+    return write_eagle3(model.config, model.state_dict(), path, dtype, verifier)
 
 
 def new_eagle3(target, draft_ids=None, taps=None, intermediate_size: int | None = None, seed: int = 0) -> Eagle3Model:
     """A fresh (random) drafter shaped for `target`, its draft layer a copy of the target's layer shape."""
-    c = target.config
-    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
-    layer = {
-        "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
-        "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": getattr(c, "hidden_act", "silu"),
-        "max_position_embeddings": c.max_position_embeddings, "vocab_size": target.vocab_size,
-        "rope_theta": rope["rope_theta"], "attention_bias": getattr(c, "attention_bias", False),
-        "mlp_bias": getattr(c, "mlp_bias", False), "tie_word_embeddings": False,
-    }
     n_draft = target.vocab_size if draft_ids is None else len(draft_ids)
-    cfg = Eagle3Config(layer, n_draft, tuple(taps or default_taps(target.num_layers)))
+    cfg = eagle3_config_for(target, n_draft, tuple(taps or default_taps(target.num_layers)), intermediate_size)
     torch.manual_seed(seed)
     model = Eagle3Model(cfg)
     if draft_ids is not None:

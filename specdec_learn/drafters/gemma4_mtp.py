@@ -43,10 +43,10 @@ glue that makes it a drafter: what goes in, which cache it reads, what comes bac
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
+from ..formats.hf_assistant import read_assistant
 from ..sampling import draft_token
 from .base import Drafter, Proposal
 
@@ -177,29 +177,12 @@ def check_pairing(assistant, target) -> None:
         )
 
 
-SHIPPED = {"smollm2-135m": "gemma4-assistant-smollm2-135m"}  # target name -> assistant under checkpoints/
-
-
-def assistant_checkpoint(target) -> Path:
-    """The assistant this package ships for `target`, or a clear error when there is none."""
-    folder = Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED.get(Path(str(target.name)).name, "-")
-    if not (folder / "config.json").is_file():
-        raise ValueError(
-            f"No Gemma-4-style assistant is shipped for target {target.name!r}: pass draft=<a gemma4_assistant "
-            "directory> (CLI: --draft; e.g. google/gemma-4-E2B-it-assistant for google/gemma-4-E2B-it), "
-            "or train one with `python -m specdec_learn.train.gemma4_mtp`."
-        )
-    return folder
-
-
 def load_gemma4_assistant(path, target):
-    """A ``gemma4_assistant`` checkpoint (HF format: config.json + safetensors), checked against `target`."""
-    from transformers import Gemma4AssistantForCausalLM
+    """A ``gemma4_assistant`` checkpoint (HF format: formats/hf_assistant.py), checked against `target`."""
+    from ..checkpoints import complete
 
-    from ..models import complete_checkpoint
-
-    path = complete_checkpoint(path, target.name)  # ours ships its table as E_target·P (train/projected.py)
-    assistant = Gemma4AssistantForCausalLM.from_pretrained(str(path), dtype=target.dtype)
+    path = complete(path, target.name)  # ours ships its table as E_target·P (train/projected.py)
+    assistant = read_assistant(path, dtype=target.dtype)
     check_pairing(assistant, target)
     return assistant.to(target.device).eval()
 

@@ -40,26 +40,25 @@ that use draft tokens; those entries are cropped before the next round.
 
 The weights load straight from a target checkpoint directory
 (`load_mtp`), so a Qwen3.5 model's own MTP layers work unchanged; a target
-without MTP weights gets an error that says so.
+without MTP weights gets an error that says so. The two published naming
+schemes (and MoE experts split per expert) are in formats/mtp.py.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import re
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
+from ..formats import mtp as names
+from ..formats.io import read_config
+from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
 from ..target import crop_cache
 from .base import Drafter, Proposal
-
-LAYOUTS = ("qwen3_next", "deepseek_v3")
 
 
 class MTPStep(nn.Module):
@@ -77,10 +76,18 @@ class MTPStep(nn.Module):
 
     def forward(self, e, h, position_embeddings, mask, cache):
         """e, h: [1, n, H] -> (logits [1, n, V], next h_prev [1, n, H])."""
+        out, h_next = self.hidden(e, h, position_embeddings, mask, cache)
+        return self.head(out), h_next
+
+    def hidden(self, e, h, position_embeddings, mask, cache):
+        """The step before its LM head: e, h [1, n, H] -> (normed output [1, n, H], next h_prev [1, n, H]).
+
+        Training scores a sample of the rows, so it applies `head` to those alone.
+        """
         x = self.proj(torch.cat([self.enorm(e), self.hnorm(h)], dim=-1))  # [1, n, 2H] -> [1, n, H]
         x = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, past_key_values=cache)
         out = self.out_norm(x)
-        return self.head(out), (out if self.feed_back_normed else x)
+        return out, (out if self.feed_back_normed else x)
 
 
 class MTPHead(nn.Module):
@@ -126,38 +133,6 @@ class MTPHead(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._embed[0](tokens)
 
-    # -- the published checkpoint names --------------------------------------
-    def checkpoint_state_dict(self, target) -> dict[str, torch.Tensor]:
-        """Our weights under the names the published checkpoints use.
-
-        DeepSeek-V3 files also repeat the target's embedding and head inside
-        every MTP layer (``embed_tokens``, ``shared_head.head``); so do we.
-        """
-        L = target.num_layers
-        out = {_to_checkpoint_name(name, self.layout, L): t for name, t in _split_experts(self.state_dict()).items()}
-        if self.layout == "deepseek_v3":
-            for j in range(self.num_layers):
-                out[f"model.layers.{L + j}.embed_tokens.weight"] = target.embed_tokens.weight
-                out[f"model.layers.{L + j}.shared_head.head.weight"] = target.lm_head.weight
-        return out
-
-    def load_checkpoint_state_dict(self, tensors: dict[str, torch.Tensor], num_target_layers: int) -> None:
-        ours = {}
-        for name, tensor in _fuse_experts(tensors).items():
-            if name.endswith(("shared_head.head.weight", "embed_tokens.weight")):
-                continue  # DeepSeek repeats the target's head and embedding per MTP layer: we use the target's
-            ours[_from_checkpoint_name(name, self.layout, num_target_layers)] = tensor
-        try:
-            missing, unexpected = self.load_state_dict(ours, strict=False)
-            problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
-        except RuntimeError as err:  # a shape mismatch
-            missing, problem = True, str(err).splitlines()[-1].strip()
-        if missing or unexpected:
-            raise ValueError(
-                f"The MTP weights do not match an MTP head of this target ({self.layout} layout): {problem}. "
-                "Check that the checkpoint directory belongs to this target."
-            )
-
 
 class _DeepSeekLayer(nn.Module):
     """DeepSeek-V3's MTP layer, with its checkpoint's sub-module names."""
@@ -188,105 +163,11 @@ def _decoder_layer(target, j: int, num_layers: int) -> nn.Module:
     return layer.to(device=target.device, dtype=target.dtype)
 
 
-def _split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers fuses MoE experts (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj
-    [E, H, I]``); the published checkpoints store one ``experts.{e}.{gate,up,down}_proj.weight`` each."""
-    out = {}
-    for name, t in tensors.items():
-        if name.endswith("experts.gate_up_proj"):
-            base, inter = name.removesuffix("gate_up_proj"), t.shape[1] // 2
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter]
-                out[f"{base}{e}.up_proj.weight"] = t[e, inter:]
-        elif name.endswith("experts.down_proj"):
-            base = name.removesuffix("down_proj")
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = t[e]
-        else:
-            out[name] = t
-    return out
-
-
-def _fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `_split_experts`: per-expert checkpoint tensors -> transformers' fused ones."""
-    out, experts = {}, {}
-    for name, t in tensors.items():
-        match = re.match(r"(.*experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", name)
-        if match is None:
-            out[name] = t
-            continue
-        base, e, proj = match.group(1), int(match.group(2)), match.group(3)
-        experts.setdefault(base, {}).setdefault(proj, {})[e] = t
-    for base, projs in experts.items():
-        def stack(proj):
-            return torch.stack([projs[proj][e] for e in sorted(projs[proj])])
-        out[base + "gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], dim=1)  # [E, 2I, H]
-        out[base + "down_proj"] = stack("down_proj")  # [E, H, I]
-    return out
-
-
-def _to_checkpoint_name(name: str, layout: str, L: int) -> str:
-    if layout == "qwen3_next":
-        return "mtp." + name
-    j, rest = name.removeprefix("layers.").split(".", 1)  # layers.{j}.<rest>
-    rest = rest.removeprefix("mtp_block.").replace("shared_head_norm.", "shared_head.norm.")
-    return f"model.layers.{L + int(j)}.{rest}"
-
-
-def _from_checkpoint_name(name: str, layout: str, L: int) -> str:
-    if layout == "qwen3_next":
-        return name.removeprefix("mtp.")
-    n, rest = name.removeprefix("model.layers.").split(".", 1)
-    rest = rest.replace("shared_head.norm.", "shared_head_norm.")
-    if not rest.startswith(("enorm.", "hnorm.", "eh_proj.", "shared_head_norm.", "mtp_block.")):
-        rest = "mtp_block." + rest  # the published files keep the block weights at the layer's top level
-    return f"layers.{int(n) - L}.{rest}"
-
-
-# -- loading from a target checkpoint -------------------------------------------
-def mtp_config(checkpoint_dir) -> tuple[str, int]:
-    """(layout, number of MTP layers) from a checkpoint's config.json; (layout, 0) when it has none."""
-    cfg = json.loads((Path(checkpoint_dir) / "config.json").read_text())
-    configs = [cfg, cfg.get("text_config") or {}]
-    for c in configs:  # Qwen3.5 names it mtp_num_hidden_layers (in text_config for the VL checkpoints)
-        if c.get("mtp_num_hidden_layers"):
-            return "qwen3_next", int(c["mtp_num_hidden_layers"])
-    for c in configs:  # Qwen3-Next and DeepSeek-V3 both say num_nextn_predict_layers
-        if c.get("num_nextn_predict_layers"):
-            layout = "deepseek_v3" if c.get("model_type", "").startswith("deepseek") else "qwen3_next"
-            return layout, int(c["num_nextn_predict_layers"])
-    return "qwen3_next", 0
-
-
-def read_mtp_tensors(checkpoint_dir, layout: str, num_target_layers: int) -> dict[str, torch.Tensor]:
-    """Every MTP tensor in the checkpoint's safetensors files (the main model's are skipped)."""
-    from safetensors import safe_open
-
-    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
-    tensors = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                if _is_mtp_name(name, layout, num_target_layers):
-                    tensors[name] = f.get_tensor(name)
-    return tensors
-
-
-def _is_mtp_name(name: str, layout: str, L: int) -> bool:
-    if layout == "qwen3_next":
-        return name.startswith("mtp.")
-    if not name.startswith("model.layers."):
-        return False
-    return int(name.split(".")[2]) >= L
-
-
+# -- load and save (the names on disk: formats/mtp.py) ------------------------------
 def load_mtp(checkpoint_dir, target) -> MTPHead:
     """The MTP head stored inside a target checkpoint directory (safetensors + config.json)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    if not (checkpoint_dir / "config.json").exists():
-        raise FileNotFoundError(f"{checkpoint_dir} has no config.json: give the target's checkpoint directory.")
-    layout, n = mtp_config(checkpoint_dir)
-    tensors = read_mtp_tensors(checkpoint_dir, layout, target.num_layers) if n else {}
+    layout, n = names.mtp_config(checkpoint_dir)
+    tensors = names.read_mtp_tensors(checkpoint_dir, layout, target.num_layers) if n else {}
     if not n or not tensors:
         raise ValueError(
             f"The target checkpoint {checkpoint_dir} has no MTP weights (its config declares "
@@ -295,54 +176,26 @@ def load_mtp(checkpoint_dir, target) -> MTPHead:
             "head (method 'mtp' on smollm2-135m ships one), or another method."
         )
     head = MTPHead(target, n, layout)
-    head.load_checkpoint_state_dict(tensors, target.num_layers)
-    head.chain_depth = json.loads((checkpoint_dir / "config.json").read_text()).get("mtp_chain_depth")
+    ours = names.from_checkpoint(tensors, layout, target.num_layers)
+    try:
+        missing, unexpected = head.load_state_dict(ours, strict=False)
+        problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
+    except RuntimeError as err:  # a shape mismatch
+        missing, unexpected, problem = True, (), str(err).splitlines()[-1].strip()
+    if missing or unexpected:
+        raise ValueError(
+            f"The MTP weights do not match an MTP head of this target ({layout} layout): {problem}. "
+            "Check that the checkpoint directory belongs to this target."
+        )
+    head.chain_depth = read_config(checkpoint_dir).get("mtp_chain_depth")
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-SHIPPED = {"smollm2-135m": "mtp-smollm2-135m"}  # target name -> grafted head under checkpoints/
-
-
-def mtp_checkpoint(target) -> Path:
-    """Where `target`'s MTP weights live: its own checkpoint directory, or the graft this package ships."""
-    name = Path(str(target.name))
-    if (name / "config.json").is_file():
-        return name  # a local checkpoint: native MTP reads the target's own files
-    if "/" in str(target.name) and not name.exists():  # a hub id: the same files, from the HF cache
-        from ..models import drafter_dir
-
-        return drafter_dir(str(target.name))
-    folder = Path(__file__).resolve().parent.parent / "checkpoints" / SHIPPED.get(name.name, "-")
-    if not (folder / "config.json").is_file():
-        raise ValueError(
-            f"Target {target.name!r} is not a local checkpoint directory and no MTP head is shipped for it: "
-            "pass draft=<a checkpoint directory with MTP weights> (CLI: --draft), or train a graft "
-            "with `python -m specdec_learn.train.mtp`."
-        )
-    return folder
-
-
-def save_mtp(head: MTPHead, checkpoint_dir, target, config_extra: dict | None = None, dtype=None) -> Path:
-    """Write `head` into `checkpoint_dir` as ``mtp.safetensors`` under the published names.
-
-    The layer count goes into config.json the way the layout's models say it
-    (``mtp_num_hidden_layers`` for Qwen3.5, ``num_nextn_predict_layers``
-    otherwise), so `load_mtp` reads it back like a real checkpoint.
-    """
-    from safetensors.torch import save_file
-
-    checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", dtype or v.dtype).clone().contiguous()
-               for k, v in head.checkpoint_state_dict(target).items()}
-    save_file(tensors, str(checkpoint_dir / "mtp.safetensors"))
-    cfg_path = checkpoint_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    key = "num_nextn_predict_layers" if head.layout == "deepseek_v3" else "mtp_num_hidden_layers"
-    cfg[key] = head.num_layers
-    cfg.update(config_extra or {})
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-    return checkpoint_dir
+def save_mtp(head: MTPHead, checkpoint_dir, target, config_extra: dict | None = None, dtype=None):
+    """Write `head` into `checkpoint_dir` (``mtp.safetensors``) under the published names."""
+    tensors = names.to_checkpoint(head.state_dict(), head.layout, target.num_layers, head.num_layers,
+                                  target.embed_tokens.weight, target.lm_head.weight)
+    return names.write_mtp(tensors, checkpoint_dir, head.layout, head.num_layers, config_extra, dtype)
 
 
 # -- the drafter ------------------------------------------------------------------
@@ -447,12 +300,12 @@ class MTPDrafter(Drafter):
         positions = torch.arange(past, past + n, device=device)[None]  # [1, n]
         if self.head.layout == "deepseek_v3" and past == 0:
             e[:, 0] = 0  # vLLM zeroes the embedding at position 0 for DeepSeek MTP
-        pe = _rotary(self.target, e, positions)
-        mask = _causal_mask(past, n, e.dtype, device)
+        pe = rotary(self.target, e, positions)
+        mask = causal_mask(past, n, e.dtype, device)
         return self.head.step(j % self.head.num_layers)(e, h_in, pe, mask, cache)
 
 
-def _rotary(target, x: torch.Tensor, positions: torch.Tensor):
+def rotary(target, x: torch.Tensor, positions: torch.Tensor):
     """The target's rotary embedding (cos, sin) at `positions` [1, n]."""
     rotary = target.decoder.rotary_emb
     if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
@@ -460,7 +313,7 @@ def _rotary(target, x: torch.Tensor, positions: torch.Tensor):
     return rotary(x, positions)
 
 
-def _causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
+def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
     """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
     mask = torch.zeros(n, past + n, dtype=dtype, device=device)

@@ -27,7 +27,7 @@ distillation: the data *is* what the target said), response tokens only.
 
 Resumable (state under ``$SPECDEC_CACHE/train/draft-<target>/``). The shipped
 checkpoint (``specdec_learn/checkpoints/draft-<target>/``, bf16) holds the
-layers and P, not the 49,152-row table; `models.materialize`
+layers and P, not the 49,152-row table; `checkpoints.materialize`
 rebuilds a complete HF folder from it and the target's embedding, which our
 loop, HF ``generate(assistant_model=...)`` and vLLM's ``draft_model`` load.
 """
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..drafters.draft_model import CHECKPOINTS, save_draft_delta
+from ..checkpoints import shipped_folder, write_draft_delta
 from .data import training_split, work_dir_for
 from .projected import ProjectedTable, principal_directions
 from .schedule import load_state, save_state, set_lr, warmup_cosine
@@ -158,7 +158,7 @@ def main(argv=None):
             "held_out_top1": accuracy,
             "command": f"python -m specdec_learn.train.draft_model --target {args.target} --steps {args.steps} "
                        f"--budget-min {args.budget_min} --threads {args.threads}"}
-    out = save_draft_delta(student.llama, student.table.proj, args.out or CHECKPOINTS / f"draft-{info['target']}",
+    out = write_draft_delta(student.llama, student.table.proj, args.out or shipped_folder("draft_model", args.target),
                            args.target, info)
     print(json.dumps({"exported": str(out), "steps": step}))
 

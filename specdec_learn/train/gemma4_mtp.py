@@ -42,13 +42,12 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
-from ..models import strip_table
+from ..checkpoints import shipped_folder, strip_table
 from ..target import DecodeState
 from .data import training_split, work_dir_for
 from .projected import ProjectedTable
 from .schedule import load_state, save_state, set_lr, warmup_cosine
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 
 @torch.no_grad()
@@ -213,9 +212,9 @@ def main(argv=None):
     assistant, step, proj = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                             args.layers, budget_s=args.budget_min * 60 if args.budget_min else None)
     name = Path(args.target).name
-    out = Path(args.out or CHECKPOINTS / f"gemma4-assistant-{name}")
+    out = Path(args.out or shipped_folder("gemma4_mtp", name))
     assistant.to(torch.bfloat16).save_pretrained(out)
-    strip_table(out, proj)  # E·P: the target's embedding rebuilds the 49,152 rows (`models.materialize`)
+    strip_table(out, proj)  # E·P: the target's embedding rebuilds the 49,152 rows (`checkpoints.materialize`)
     info = {  # beside config.json, which transformers checks strictly
         "target": name, "steps": step, "depth": args.depth, "beta": args.beta, "lr": args.lr,
         "anchors": args.anchors, "hidden_size": args.hidden_size, "layers": args.layers,

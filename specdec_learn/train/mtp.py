@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..drafters.mtp import MTPHead, _causal_mask, _rotary, save_mtp
+from ..checkpoints import shipped_folder
+from ..drafters.mtp import MTPHead, causal_mask, rotary, save_mtp
 from .data import capture_taps, training_split, work_dir_for
 from .schedule import load_state, save_state, set_lr, warmup_cosine
 
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 
 def graft_head(target) -> MTPHead:
@@ -79,8 +79,8 @@ def mtp_loss(head: MTPHead, target, ids: torch.Tensor, mask: torch.Tensor, h: to
         step = head.step(0)
         logits_fn = step.head
         x = step.proj(torch.cat([step.enorm(e), step.hnorm(prev[:, :n])], dim=-1))  # [1, n, H]
-        x = step.layer(x, position_embeddings=_rotary(target, e, positions),
-                       attention_mask=_causal_mask(0, n, x.dtype, x.device), past_key_values=None)
+        x = step.layer(x, position_embeddings=rotary(target, e, positions),
+                       attention_mask=causal_mask(0, n, x.dtype, x.device), past_key_values=None)
         out = step.out_norm(x)  # [1, n, H], fed back
         # position t predicts x_{t+k+2}: rows 0..n-2, on response tokens only
         labels = ids[k + 2 : k + 1 + n]  # [n-1]
@@ -183,7 +183,7 @@ def main(argv=None):
     info = {"steps": step, "depth": args.depth, "beta": args.beta, "lr": args.lr, "max_rows": args.max_rows,
             "command": f"python -m specdec_learn.train.mtp --target {args.target} --steps {args.steps} "
                        f"--depth {args.depth} --budget-min {args.budget_min} --threads {args.threads}"}
-    out = export(head, target, args.out or CHECKPOINTS / f"mtp-{name}", args.depth, info)
+    out = export(head, target, args.out or shipped_folder("mtp", name), args.depth, info)
     print(json.dumps({"exported": str(out), "steps": step}))
 
 

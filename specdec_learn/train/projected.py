@@ -4,8 +4,8 @@ A small drafter with its own tied embedding / LM head spends most of its
 bytes, and much of its training data, on a [V, d] table (49,152 rows for
 SmolLM2). Borrowing the target's table through a learned P [H_target, d]
 keeps the target's token geometry, trains d·H_target numbers instead of
-V·d, and lets the checkpoint ship P alone (`models.strip_table`;
-`models.materialize` rebuilds the table on the user's machine).
+V·d, and lets the checkpoint ship P alone (`checkpoints.strip_table`;
+`checkpoints.materialize` rebuilds the table on the user's machine).
 """
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""The speculators format (vllm-project/speculators): what vLLM's `eagle3` and `dspark` methods read.
+
+A speculators checkpoint is a folder with ``config.json`` and
+``model.safetensors``. The config names the algorithm in
+``speculators_model_type``, carries the draft layers' own transformer config
+under ``transformer_layer_config`` and the algorithm's fields beside it.
+
+EAGLE-3 (``speculators_model_type: "eagle3"``):
+
+* config: ``draft_vocab_size``, ``target_hidden_size``,
+  ``eagle_aux_hidden_state_layer_ids`` (the taps: the residual stream ENTERING
+  those target layers), ``norm_before_residual``, ``norm_before_fc``;
+* tensors: ``fc``, ``layers.0.*`` (the original EAGLE code names it
+  ``midlayer.*``), ``norm``, ``lm_head`` over the draft vocabulary, ``d2t``
+  (target id = draft id + d2t[draft id]) and ``t2d`` (a boolean mask over
+  the target vocabulary), optionally ``embed_tokens`` (else the target's
+  embedding is shared).
+
+DSpark (``speculators_model_type: "dspark"``): the DFlash backbone's tensors
+and DeepSpec's head fields (see deepspec.py), the taps as
+``aux_hidden_state_layer_ids`` (already our tap numbers: DSpark id + 1), no
+embedding or LM head of its own (the verifier's are used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .deepspec import HEAD_KEYS, head_fields, read_heads
+from .io import qwen3_config, read_config, read_weights, write_folder
+
+LAYER_TYPES = ("llama", "qwen3")  # the draft layer types our EAGLE-3 network implements
+
+
+# --- EAGLE-3 ----------------------------------------------------------------------------
+
+
+@dataclass
+class Eagle3Config:
+    """The fields of a speculators EAGLE-3 `config.json` that change the network."""
+
+    layer_config: dict  # `transformer_layer_config`: a llama / qwen3 config for the draft layer
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...]  # `eagle_aux_hidden_state_layer_ids`
+    target_hidden_size: int | None = None  # None = the draft's hidden size
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    extra: dict = field(default_factory=dict)  # other top-level keys, written back unchanged
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer_config["hidden_size"]
+
+    @property
+    def vocab_size(self) -> int:  # the TARGET's vocabulary
+        return self.layer_config["vocab_size"]
+
+    @property
+    def fc_in(self) -> int:
+        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
+
+
+_EAGLE3_KEYS = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
+                "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc"}
+
+
+def eagle3_config(d: dict) -> Eagle3Config:
+    """A speculators EAGLE-3 config.json dict -> Eagle3Config (refusing what the network cannot run)."""
+    if d.get("speculators_model_type") != "eagle3":
+        raise ValueError(
+            f"Not an EAGLE-3 speculators config: speculators_model_type is "
+            f"{d.get('speculators_model_type')!r}, expected 'eagle3'."
+        )
+    layer = dict(d["transformer_layer_config"])
+    layer.setdefault("model_type", "llama")
+    if layer["model_type"] not in LAYER_TYPES:
+        raise ValueError(f"Draft layer type {layer['model_type']!r} is not supported; known: {', '.join(LAYER_TYPES)}.")
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"This loader reads one-layer EAGLE-3 drafters; the config has {layer['num_hidden_layers']}.")
+    return Eagle3Config(
+        layer_config=layer,
+        draft_vocab_size=d.get("draft_vocab_size", 32000),
+        aux_layer_ids=tuple(d.get("eagle_aux_hidden_state_layer_ids") or ()),
+        target_hidden_size=d.get("target_hidden_size"),
+        norm_before_residual=bool(d.get("norm_before_residual", False)),
+        norm_before_fc=bool(d.get("norm_before_fc", False)),
+        extra={k: v for k, v in d.items() if k not in _EAGLE3_KEYS},
+    )
+
+
+def eagle3_json(cfg: Eagle3Config) -> dict:
+    """Eagle3Config -> the config.json dict speculators and vLLM read."""
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        **{k: v for k, v in cfg.extra.items() if k != "architectures"},
+        "transformer_layer_config": cfg.layer_config,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,
+    }
+
+
+def eagle3_config_for(target, draft_vocab_size: int, taps: tuple[int, ...], intermediate_size: int | None = None
+                      ) -> Eagle3Config:
+    """The config of a fresh one-layer drafter for `target`: its layer shaped like the target's."""
+    c = target.config
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
+    layer = {
+        "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
+        "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": getattr(c, "hidden_act", "silu"),
+        "max_position_embeddings": c.max_position_embeddings, "vocab_size": target.vocab_size,
+        "rope_theta": rope["rope_theta"], "attention_bias": getattr(c, "attention_bias", False),
+        "mlp_bias": getattr(c, "mlp_bias", False), "tie_word_embeddings": False,
+    }
+    return Eagle3Config(layer, draft_vocab_size, tuple(taps))
+
+
+def read_eagle3(path) -> tuple[Eagle3Config, dict[str, torch.Tensor]]:
+    """(config, tensors under our names: ``midlayer.*`` read as ``layers.0.*``) of an EAGLE-3 folder."""
+    cfg = eagle3_config(read_config(path, "a speculators-format EAGLE-3"))
+    tensors = read_weights(path)
+    tensors = {("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
+               for k, v in tensors.items()}
+    if "d2t" not in tensors and cfg.draft_vocab_size != cfg.vocab_size:
+        raise ValueError(f"{path}: the draft vocabulary ({cfg.draft_vocab_size}) is reduced but there is no d2t tensor.")
+    check_vocab_map(tensors, cfg, path)
+    return cfg, tensors
+
+
+def check_vocab_map(tensors: dict[str, torch.Tensor], cfg: Eagle3Config, path) -> None:
+    """d2t and t2d must describe one map from the draft vocabulary into the target's, or drafting reads garbage."""
+    V, Vd = cfg.vocab_size, cfg.draft_vocab_size
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is not None:
+        if d2t.dtype.is_floating_point or d2t.shape != (Vd,):
+            raise ValueError(f"{path}: d2t must be an integer tensor of shape ({Vd},), got {d2t.dtype} "
+                             f"{tuple(d2t.shape)}: the checkpoint is damaged.")
+        target_ids = torch.arange(Vd) + d2t.long()
+        if target_ids.min() < 0 or target_ids.max() >= V or target_ids.unique().numel() != Vd:
+            raise ValueError(f"{path}: d2t maps draft ids outside the target vocabulary 0..{V - 1} (or two onto one): "
+                             "the checkpoint is damaged; fetch it again.")
+    if t2d is not None:
+        if t2d.shape != (V,) or int(t2d.bool().sum()) != Vd:
+            raise ValueError(f"{path}: t2d must mark exactly {Vd} of the {V} target ids, got shape "
+                             f"{tuple(t2d.shape)} with {int(t2d.bool().sum())} marked: the checkpoint is damaged.")
+        if d2t is not None and not bool(t2d.bool()[target_ids].all()):
+            raise ValueError(f"{path}: d2t and t2d disagree on which target ids are in the draft vocabulary: "
+                             "the checkpoint is damaged.")
+
+
+def write_eagle3(cfg: Eagle3Config, tensors: dict[str, torch.Tensor], path, dtype=torch.bfloat16,
+                 verifier: str | None = None) -> Path:
+    """Write an EAGLE-3 drafter in the speculators format (loadable by vLLM's `eagle3` method)."""
+    from .io import cpu_tensors
+
+    cfg.extra.setdefault("speculators_config", {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+        "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+    })
+    cfg.extra["torch_dtype"] = str(dtype).removeprefix("torch.")
+    return write_folder(path, eagle3_json(cfg), cpu_tensors(tensors, dtype))
+
+
+# --- DSpark -------------------------------------------------------------------------------
+
+
+def is_dspark(d: dict) -> bool:
+    return d.get("speculators_model_type") == "dspark"
+
+
+def read_dspark(path, d: dict):
+    """(Qwen3Config with DSpark's fields, tensors) of a speculators `dspark` folder (config dict `d`)."""
+    cfg = qwen3_config(d["transformer_layer_config"])
+    if d.get("draft_vocab_size", cfg.vocab_size) != cfg.vocab_size:
+        raise ValueError(f"{path}: a reduced draft vocabulary (d2t/t2d) is not supported; train with the full vocabulary.")
+    if not d.get("sample_from_anchor", True):
+        raise ValueError(f"{path}: sample_from_anchor=false is DFlash's slot convention, not DSpark's.")
+    cfg.target_layer_ids = [t - 1 for t in d["aux_hidden_state_layer_ids"]]  # taps -> DSpark ids (0 -> -1)
+    read_heads(cfg, d, path)
+    return cfg, read_weights(path)
+
+
+def write_dspark(cfg, tensors: dict[str, torch.Tensor], target_hidden_size: int, path, dtype=torch.bfloat16) -> Path:
+    """Write a DSpark drafter (backbone + heads, no embedding or LM head) in the speculators format."""
+    from .io import cpu_tensors
+
+    layer_cfg = {k: v for k, v in cfg.to_dict().items() if k not in HEAD_KEYS}
+    d = {
+        "speculators_model_type": "dspark", "architectures": ["DSparkSpeculator"],
+        "transformer_layer_config": layer_cfg, "draft_vocab_size": cfg.vocab_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids], "sample_from_anchor": True,
+        "target_hidden_size": target_hidden_size,
+        "speculators_config": {
+            "algorithm": "dspark", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size}],
+        },
+        **head_fields(cfg),
+    }
+    state = {k: v for k, v in tensors.items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    return write_folder(path, d, cpu_tensors(state, dtype))
