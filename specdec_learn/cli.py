@@ -40,6 +40,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="native: the readable loop; vllm: the same recipe through vLLM (its own environment: make vllm-env)")
     p.add_argument("--vllm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option for vllm.LLM, e.g. tensor_parallel_size=2 (repeatable; values read as JSON)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,  # SUPPRESS: keep `specdec --debug`
+                   help="on an error, show the whole traceback")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--k", type=int, default=3)
     _add_train_parser(sub)
 
+    parser.add_argument("--debug", action="store_true", help="on an error, show the whole traceback")
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
@@ -72,17 +75,38 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return _bench(args, sampling)
         return _generate(args, sampling)
-    except (ValueError, FileNotFoundError, PermissionError, ModuleNotFoundError) as err:
-        print(f"specdec: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # the error boundary: one line for the user, the traceback only with --debug
+        if getattr(args, "debug", False):
+            raise
+        print(f"specdec: error: {one_line(err)}", file=sys.stderr)
         return 2
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as the one line a user reads: our messages as they are, anything else with its type and a hint."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, (ValueError, OSError, ModuleNotFoundError)):
+        return text
+    return f"{type(err).__name__}: {text} (an unexpected failure: rerun with --debug and report the traceback)"
 
 
 def _bench(args, sampling) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--methods {args.methods!r} names no method: give e.g. ar,ngram (from {', '.join(METHODS)}).")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"Unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}.")
+    if any(m != "ar" for m in methods) and not args.k:
+        raise ValueError("--k names no draft length: give e.g. --k 1,3,5 (AR, k = 0, always runs).")
+    if args.prompts < 1:
+        raise ValueError(f"--prompts must be >= 1, got {args.prompts}.")
     prompts = load_workload(args.workload, n=args.prompts)
+    if not prompts:
+        raise ValueError(f"The workload {args.workload!r} has no prompts: add lines of {{\"prompt\": ...}}.")
     if args.backend == "vllm":
         from . import vllm_backend
 

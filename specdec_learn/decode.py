@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters.base import Drafter, Proposal
-from .sampling import GREEDY, Sampling
+from .sampling import GREEDY, Sampling, is_integer
 from .stats import Round, Stats
 from .target import Target, now
 from .verify import accept
@@ -66,22 +66,8 @@ def generate(
     `prompt` is text (sent through the chat template unless chat=False) or token ids.
     `seed` fixes the random draws of sampled decoding; greedy decoding uses none.
     """
-    if k < 0:
-        raise ValueError(f"k is the number of draft tokens per round and must be >= 0, got {k}.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-    if drafter is None:
-        k = 0
-    else:
-        drafter.check_k(k)
-        if not target.can_roll_back:
-            raise ValueError(
-                f"{target.name} has linear-attention layers, whose recurrent state cannot drop rejected drafts: "
-                "the readable loop runs it without a drafter only. Speculate on it with vLLM (backend='vllm')."
-            )
-    prompt_ids = target.encode(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
-    if not prompt_ids:
-        raise ValueError("The prompt is empty: give the model some text to continue.")
+    prompt_ids = check_request(target, prompt, drafter, k, max_new_tokens, sampling, seed, chat)
+    k = k if drafter is not None else 0
     generator = torch.Generator().manual_seed(seed)
     taps = drafter.taps if drafter is not None else ()
     stats, trace = Stats(), []
@@ -120,3 +106,37 @@ def generate(
     stats.total_time = now(target) - t_start
     stats.num_output_tokens = len(new)
     return Generation(prompt_ids, new, target.decode(new), stats, trace)
+
+
+def check_request(target: Target, prompt, drafter, k, max_new_tokens, sampling, seed, chat) -> list[int]:
+    """The prompt's token ids, after refusing (with a message that says what to do) any argument the loop cannot run."""
+    for name, value, low in (("k", k, 0), ("max_new_tokens", max_new_tokens, 1), ("seed", seed, 0)):
+        if not is_integer(value) or value < low:
+            raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}.")
+    if not isinstance(sampling, Sampling):
+        raise ValueError(f"sampling must be a Sampling(temperature, top_k, top_p), got {sampling!r}.")
+    if drafter is not None:
+        drafter.check_k(k)
+        if not target.can_roll_back:
+            raise ValueError(
+                f"{target.name} has linear-attention layers, whose recurrent state cannot drop rejected drafts: "
+                "the readable loop runs it without a drafter only. Speculate on it with vLLM (backend='vllm')."
+            )
+    if isinstance(prompt, str):
+        ids = target.encode(prompt, chat=chat)
+    elif isinstance(prompt, (list, tuple)) and all(is_integer(t) for t in prompt):
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ValueError(f"Token id {bad[0]} is outside the vocabulary 0..{target.vocab_size - 1} of {target.name}.")
+    else:
+        raise ValueError("The prompt must be text or a list of integer token ids.")
+    if not ids:
+        raise ValueError("The prompt is empty: give the model some text to continue.")
+    context = target.max_context
+    if context is not None and len(ids) + max_new_tokens > context:
+        raise ValueError(
+            f"The prompt has {len(ids)} tokens and {max_new_tokens} new ones are asked for, but {target.name} reads "
+            f"at most {context}: shorten the prompt or ask for at most {max(context - len(ids), 0)} new tokens."
+        )
+    return ids

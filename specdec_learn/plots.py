@@ -6,7 +6,15 @@ a notebook shows it inline and the CLI saves it to a file.
 
 from __future__ import annotations
 
-import matplotlib
+import os
+
+from .models import cache_dir
+
+# matplotlib keeps a font cache and its config under $HOME unless told otherwise:
+# keep them in the library's cache, the one place it writes to (a user's own setting wins).
+os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
+
+import matplotlib  # noqa: E402
 
 if not matplotlib.get_backend().lower().startswith(("module://", "nbagg", "widget", "ipympl")):
     matplotlib.use("Agg")  # headless by default; notebooks keep their inline backend

@@ -12,9 +12,22 @@ the distribution plain decoding would: so this one function serves both.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+MIN_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, dividing the logits overflows; 0 means greedy
+
+
+def is_number(x) -> bool:
+    """A real number (int or float, not a bool or a string), NaN excluded."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def is_integer(x) -> bool:
+    """A whole number given as an int (not a bool, not 2.0 or 2.5)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -26,12 +39,13 @@ class Sampling:
     top_p: float = 1.0  # 1 = keep every token
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not is_number(t) or not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got {t!r}.")
+        if not is_integer(k) or k < 0:
+            raise ValueError(f"top_k must be a whole number >= 0 (0 turns it off), got {k!r}.")
+        if not is_number(p) or not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}.")
 
     @property
     def greedy(self) -> bool:

@@ -181,7 +181,11 @@ def _load_jsonl_file(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise FileNotFoundError(f"Prompt file not found: {path}")
     prompts, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}): save it as UTF-8.") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"
@@ -197,4 +201,6 @@ def _load_jsonl_file(path: Path) -> list[Prompt]:
         seen.add(prompt_id)
         answer = row.get("answer")
         prompts.append(Prompt(prompt_id, row["prompt"], "file", None if answer is None else str(answer)))
+    if not prompts:
+        raise ValueError(f'{path} holds no prompts: write one JSON object per line, e.g. {{"prompt": "..."}}.')
     return prompts
