@@ -27,7 +27,7 @@ from a draft model in three ways, all visible in one draft step::
   the scale; for other targets we multiply).
 
 Which target hidden state: post-final-norm, as HF's candidate generator passes
-``hidden_states[-1]`` (methods.md §9, open question 3, decided here). Our tap L
+``hidden_states[-1]`` (Google does not document it; decided here). Our tap L
 is pre-norm, so the drafter applies ``target.final_norm``.
 
 The cache read here is ``state.cache``, the target's own HF DynamicCache,

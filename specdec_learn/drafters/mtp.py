@@ -27,8 +27,8 @@ Inputs (as vLLM pairs them):
   trained that deep).
 
 Which target hidden state: the one AFTER the target's final norm. vLLM hands
-its MTP proposer the model's output, which is post-norm (methods.md §9, open
-question 3, decided here); HF's ``MtpCandidateGenerator`` uses
+its MTP proposer the model's output, which is post-norm (the published MTP
+papers leave it open; decided here); HF's ``MtpCandidateGenerator`` uses
 ``hidden_states[-1]``, which is also post-norm. Our tap L is pre-norm, so the
 drafter applies ``target.final_norm`` itself.
 
@@ -213,18 +213,18 @@ class MTPDrafter(Drafter):
 
     def __init__(self, head: MTPHead, target, depth: int | None = None):
         self.head = head.eval()
-        self.n = depth or getattr(head, "chain_depth", None) or head.num_layers  # chained slots
-        if self.n < head.num_layers:
-            raise ValueError(f"depth={self.n} is below the head's {head.num_layers} MTP layers.")
+        self.depth = depth or getattr(head, "chain_depth", None) or head.num_layers  # chained slots
+        if self.depth < head.num_layers:
+            raise ValueError(f"depth={self.depth} is below the head's {head.num_layers} MTP layers.")
         self.taps = (target.num_layers,)  # tap L: the last layer's output (we apply the final norm)
         self.target = target
 
     def start(self, target, state, hidden) -> None:
         self.target = target
-        self.caches = [DynamicCache() for _ in range(self.n)]  # step j's K/V over positions 0..len_j-1
+        self.caches = [DynamicCache() for _ in range(self.depth)]  # step j's K/V over positions 0..len_j-1
         H = target.hidden_size
         # pending[j]: layer j's hidden inputs for the committed positions it has not run yet
-        self.pending = [torch.empty(1, 0, H, device=target.device, dtype=target.dtype) for _ in range(self.n)]
+        self.pending = [torch.empty(1, 0, H, device=target.device, dtype=target.dtype) for _ in range(self.depth)]
         self._receive(hidden[target.num_layers])
 
     def observe(self, state, accepted, hidden) -> None:
@@ -250,8 +250,8 @@ class MTPDrafter(Drafter):
             tokens.append(draft_token(logits, sampling, generator, qs))
             if s == k - 1:
                 break
-            j = (s + 1) % self.n
-            if s + 1 < self.n:
+            j = (s + 1) % self.depth
+            if s + 1 < self.depth:
                 # Layer j ran every position up to T-1-j with committed tokens; its last j
                 # positions (T-j..T-1) take the drafts d1..dj as their tokens, and layer j-1's
                 # outputs there: one row from the catch-up, the rest from the step before.
@@ -274,7 +274,7 @@ class MTPDrafter(Drafter):
         inputs. Returns layer 0's (logits at T-1, output at T-1), or None.
         """
         result = None
-        for j in range(self.n):
+        for j in range(self.depth):
             start = self.caches[j].get_seq_length()
             m = min(T - j - start, self.pending[j].shape[1])
             if m <= 0:
@@ -282,7 +282,7 @@ class MTPDrafter(Drafter):
             step_tokens = ids[start + j + 1 : start + j + 1 + m]
             logits, out = self._run(j, self.pending[j][:, :m], step_tokens)
             self.pending[j] = self.pending[j][:, m:]
-            if j + 1 < self.n:
+            if j + 1 < self.depth:
                 self.pending[j + 1] = torch.cat([self.pending[j + 1], out], dim=1)
             if j == 0:
                 result = (logits[0, -1], out[:, -1:])
