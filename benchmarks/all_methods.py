@@ -31,7 +31,9 @@ import torch
 
 import specdec_learn as sd
 from specdec_learn import plots
+from specdec_learn.plots import save_figure
 from specdec_learn.bench import bench, format_table, machine_info
+from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.limits import ar_ceiling, predicted_speedup, read_bandwidth, weight_bytes
 from specdec_learn.workloads import load_workload
 
@@ -107,7 +109,7 @@ def main() -> None:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    write_text_atomic(out, json.dumps(results, indent=1))
     figures(all_records, out.with_suffix(""), results["machine"])
     print("\n" + markdown_summary(results))
     print(f"\nwritten {out} and figures in {results['minutes']:.1f} min")
@@ -169,7 +171,7 @@ def figures(all_records: dict, stem: Path, machine: dict) -> None:
         ax.legend(fontsize="x-small")
     fig.suptitle(f"Speedup over our AR vs k  [{label}]", fontsize=9)
     fig.tight_layout()
-    fig.savefig(f"{stem}_speedup_vs_k.png", dpi=110)
+    save_figure(fig, f"{stem}_speedup_vs_k.png", dpi=110)
 
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True)
     for ax, (workload, records) in zip(axes if n > 1 else [axes], all_records.items()):
@@ -181,7 +183,7 @@ def figures(all_records: dict, stem: Path, machine: dict) -> None:
         ax.set_title(f"{workload}: each method at its best k")
         ax.legend(fontsize="x-small")
     fig.tight_layout()
-    fig.savefig(f"{stem}_acceptance.png", dpi=110)
+    save_figure(fig, f"{stem}_acceptance.png", dpi=110)
 
     methods = list(dict.fromkeys(r.method for records in all_records.values() for r in records[1:]))
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(methods), 3.6))
@@ -195,7 +197,7 @@ def figures(all_records: dict, stem: Path, machine: dict) -> None:
     ax.title.set_fontsize(9)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(f"{stem}_best.png", dpi=110)
+    save_figure(fig, f"{stem}_best.png", dpi=110)
 
 
 if __name__ == "__main__":

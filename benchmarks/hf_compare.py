@@ -25,6 +25,7 @@ import torch
 
 import specdec_learn as sd
 from specdec_learn.bench import machine_info
+from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.workloads import load_workload
 
 
@@ -93,7 +94,7 @@ def main():
         for name, ratio in r["ratios"].items():
             print(f"  {name:<32} {ratio:5.2f}x")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
+    write_text_atomic(args.json, json.dumps(report, indent=2))
     print(f"\nwritten to {args.json}")
 
 

@@ -29,6 +29,7 @@ import torch
 
 import specdec_learn as sd
 from specdec_learn.bench import machine_info
+from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.vllm_backend import VllmEngine, resolve_draft
 from specdec_learn.workloads import load_workload
 
@@ -132,7 +133,7 @@ def main():
         "ratios": rows, "match_our_ar": match,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2))
+    write_text_atomic(args.json, json.dumps(report, indent=2))
     print(f"\nwritten to {args.json}")
 
 

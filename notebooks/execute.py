@@ -48,7 +48,9 @@ def execute(path: Path, timeout: int = 900) -> float:
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
                    store_widget_state=True).execute()
     scrub_outputs(nb)
-    nbformat.write(nb, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # written whole, then renamed: never half a chapter
+    nbformat.write(nb, tmp)
+    os.replace(tmp, path)
     return time.perf_counter() - t0
 
 

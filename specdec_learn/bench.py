@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .decode import generate
+from .formats.io import write_text_atomic
 from .sampling import GREEDY, Sampling
 from .stats import Stats
 from .target import Target
@@ -158,5 +159,4 @@ def write_json(path: str, records: list[Record], target: Target, config: dict) -
         "config": config,
         "results": [r.to_json() for r in records],
     }
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
+    write_text_atomic(path, json.dumps(data, indent=2))

@@ -132,9 +132,9 @@ def _bench(args, sampling) -> int:
         bench_mod.write_json(args.json, records, target, config)
         print(f"results written to {args.json}")
     if args.plot:
-        from .plots import bench_figure
+        from .plots import bench_figure, save_figure
 
-        bench_figure(records).savefig(args.plot, dpi=120)
+        save_figure(bench_figure(records), args.plot)
         print(f"figure written to {args.plot}")
     return 0
 

@@ -7,6 +7,7 @@ a notebook shows it inline and the CLI saves it to a file.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .models import cache_dir
 
@@ -19,6 +20,14 @@ import matplotlib  # noqa: E402
 if not matplotlib.get_backend().lower().startswith(("module://", "nbagg", "widget", "ipympl")):
     matplotlib.use("Agg")  # headless by default; notebooks keep their inline backend
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def save_figure(fig, path, dpi: int = 120) -> None:
+    """fig.savefig through a temporary name, then rename: an interrupted save never leaves half an image."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    os.replace(tmp, path)
 
 
 def _by_method(records):

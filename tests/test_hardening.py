@@ -7,6 +7,7 @@ must return 2 and print ONE line on stderr that names the input.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -286,3 +287,52 @@ def test_generate_and_bench_write_nothing_under_home(tmp_path):
     written = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     assert written == [], f"written under HOME: {written}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "r.json", "r.png"]
+
+
+SLOW_CONVERSION = r"""
+import os, sys, time
+from pathlib import Path
+from specdec_learn import models
+from specdec_learn.formats.io import partial_dir
+
+def slow_conversion(wheel_dir, gguf_file, out):  # a conversion that takes a while to write its files
+    tmp = partial_dir(out)
+    (tmp / "config.json").write_text('{"model_type": "llama"}')
+    with open(tmp / "model.safetensors", "wb") as f:
+        for _ in range(40):
+            f.write(os.urandom(1 << 16)); f.flush(); time.sleep(0.01)
+    models.write_manifest(tmp)
+    models.install_dir(tmp, out)
+
+models._convert_gguf = slow_conversion
+import importlib.util
+importlib.util.find_spec = lambda name: type("Spec", (), {"submodule_search_locations": [sys.argv[1]]})()
+print(models.embedded_model_dir("smollm2-135m", sys.argv[2]), flush=True)
+"""
+
+
+def test_a_conversion_killed_at_any_moment_is_rebuilt_on_the_next_run(tmp_path):
+    import random
+    import signal
+
+    (tmp_path / models.EMBEDDED["smollm2-135m"]["gguf_file"]).write_bytes(b"gguf")
+    cache = tmp_path / "cache"
+    out = cache / "models" / "smollm2-135m"
+    script = tmp_path / "child.py"
+    script.write_text(SLOW_CONVERSION)
+    rng = random.Random(0)
+    for _ in range(6):
+        child = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(cache)], stdout=subprocess.PIPE)
+        try:
+            child.wait(timeout=rng.uniform(0.2, 2.5))
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        # whatever moment it died at: no folder at `out`, or a whole one
+        models._HASHED.clear()  # check the contents, not this process's memory of them
+        assert not out.exists() or models.check_manifest(out) is None
+        if out.exists():  # a finished run: remove it, so the next child converts again
+            shutil.rmtree(out)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(cache)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip().endswith(str(out)) and models.check_manifest(out) is None
