@@ -99,3 +99,19 @@ def test_cli_without_vllm_says_how_to_get_it(capsys):
 
     assert main(["generate", "--backend", "vllm", "--prompt", "Hi.", "--max-new-tokens", "4"]) == 2
     assert "make vllm-env" in capsys.readouterr().err
+
+
+def test_vllm_finds_the_drafters_the_readable_loop_loads():
+    """One registry: with no --draft, both backends draft with the same shipped folder (checkpoints.find)."""
+    from specdec_learn.checkpoints import SHIPPED, find
+    from specdec_learn.vllm_backend import resolve_draft
+
+    for method, target in SHIPPED:
+        if method == "mtp":  # vLLM reads a target's own MTP layers itself: no draft folder to hand it
+            assert resolve_draft(target, method, None) is None
+        else:
+            assert resolve_draft(target, method, None) == str(find(method, target)), method
+    assert resolve_draft("smollm2-135m", "draft_model", "target") == "smollm2-135m"
+    assert resolve_draft("smollm2-135m", "ngram", None) is None
+    with pytest.raises(ValueError, match="No dflash drafter is shipped for target 'Qwen/Qwen3-8B'.*--draft"):
+        resolve_draft("Qwen/Qwen3-8B", "dflash", None)
