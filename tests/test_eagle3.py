@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import specdec_learn as sd
 from conftest import check_parity, tiny_llama
-from specdec_learn.drafters.eagle3 import Eagle3Drafter, load_eagle3, new_eagle3, save_eagle3
+from specdec_learn.drafters.eagle3 import Eagle3Drafter, Eagle3Model, load_eagle3, new_eagle3, save_eagle3
 from specdec_learn.target import Target
 
 VOCAB, H, LAYERS = 96, 32, 6
@@ -34,19 +34,29 @@ def tiny_target(kind: str) -> Target:
     return Target(model, tokenizer=None, name=f"tiny-{kind}")
 
 
-def write_speculators_checkpoint(path, kind: str, names: str, with_embed: bool, draft_vocab: int = 40, seed: int = 0):
-    """A random EAGLE-3 drafter in the published layout, written tensor by tensor (not by our writer)."""
+def write_speculators_checkpoint(path, kind: str, names: str, with_embed: bool, draft_vocab: int = 40, seed: int = 0,
+                                 extra: dict | None = None, layer_extra: dict | None = None, verifier="tiny"):
+    """A random EAGLE-3 drafter in the published layout, written tensor by tensor (not by our writer).
+
+    `extra` / `layer_extra`: more top-level / `transformer_layer_config` keys
+    (norm_output, fc_norm, layer_types, ...); fc_norm and norm_before_fc get
+    their norms' tensors. Deterministic under a fixed seed, so the reference
+    values below (computed by speculators' own code on these tensors) apply.
+    """
     g = torch.Generator().manual_seed(seed)
     heads, kv, hd, inter = 4, 2, 8, 64
     layer_cfg = {"model_type": kind, "hidden_size": H, "intermediate_size": inter, "num_attention_heads": heads,
                  "num_key_value_heads": kv, "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
-                 "vocab_size": VOCAB, "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu"}
+                 "vocab_size": VOCAB, "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu",
+                 **(layer_extra or {})}
     config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
               "transformer_layer_config": layer_cfg, "draft_vocab_size": draft_vocab,
               "eagle_aux_hidden_state_layer_ids": [1, 3, 4], "norm_before_residual": False,
               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": f"tiny-{kind}", "architectures": ["X"]}}}
+                                     "verifier": {"name_or_path": verifier if verifier != "tiny" else f"tiny-{kind}",
+                                                  "architectures": ["X"]}},
+              **(extra or {})}
     rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.2
     p = names  # "midlayer" or "layers.0"
     t = {"fc.weight": rnd(H, 3 * H), f"{p}.input_layernorm.weight": 1 + rnd(H), f"{p}.hidden_norm.weight": 1 + rnd(H),
@@ -65,6 +75,10 @@ def write_speculators_checkpoint(path, kind: str, names: str, with_embed: bool, 
     t["t2d"] = t2d
     if with_embed:
         t["embed_tokens.weight"] = rnd(VOCAB, H)
+    if config.get("fc_norm"):
+        t.update({f"fc_norm.{i}.weight": 1 + rnd(H) for i in range(3)})
+    if config.get("norm_before_fc"):
+        t["input_norm.weight"] = 1 + rnd(3 * H)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
     save_file(t, str(path / "model.safetensors"))
@@ -112,21 +126,131 @@ def test_speculators_checkpoint_loads_drafts_and_round_trips(tmp_path, kind, nam
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
-def test_rotary_frequencies_match_transformers(rope_scaling):
-    """Published drafters (e.g. for Llama 3.1) use scaled RoPE; ours must equal HF's."""
+@pytest.mark.parametrize("rope_scaling", [
+    None,
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+], ids=["default", "llama3", "yarn"])
+def test_rotary_embedding_matches_transformers(rope_scaling):
+    """Published drafters use scaled RoPE (Llama 3.1: llama3; long-context Qwen: YaRN); cos/sin must equal
+    transformers' LlamaRotaryEmbedding, YaRN's attention factor (0.1 ln 4 + 1 = 1.139 at factor 4) included:
+    a bare inv_freq rotates right but leaves cos/sin 0.14 too small."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from specdec_learn.drafters.eagle3 import rope_inv_freq
+    from specdec_learn.formats.speculators import Eagle3Config
 
     layer = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16, "rope_theta": 5e5,
-             "max_position_embeddings": 1024, "intermediate_size": 128, "vocab_size": 50}
+             "max_position_embeddings": 1024, "intermediate_size": 128, "vocab_size": 50, "num_hidden_layers": 1}
     if rope_scaling:
         layer["rope_scaling"] = rope_scaling
     hf = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in layer.items() if k != "model_type"}))
-    torch.testing.assert_close(rope_inv_freq(layer, 16), hf.inv_freq.float())
+    positions = torch.arange(0, 300, 7)
+    want_cos, want_sin = hf(torch.empty(0), positions[None])
+    cos, sin = Eagle3Model(Eagle3Config(layer, 50, (1, 2, 3))).rope(positions)
+    torch.testing.assert_close(cos, want_cos[0])
+    torch.testing.assert_close(sin, want_sin[0])
+
+
+# Logits of vllm-project/speculators' own Eagle3DraftModel (src/speculators/models/eagle3/core.py, snapshot
+# c05b95b3, run with transformers 5.15 and attention "sdpa") on the checkpoints `write_speculators_checkpoint`
+# writes with these keys, inputs from `speculators_inputs`: {(row t, TTT step i): first 6 draft logits}.
+# Its training forward at step i, row t is exactly our drafter's step i after the target states of rows 0..t
+# (step i reads the true token x_{t+1+i} at position t + i).
+SPECULATORS_CASES = {
+    "norm_output": ("llama", {"norm_output": True}, None),
+    "plain": ("llama", {}, None),
+    "fc_norm": ("llama", {"fc_norm": True, "norm_output": True}, None),
+    "qwen3_norm_output": ("qwen3", {"norm_output": True, "norm_before_fc": True}, None),
+    "sliding": ("llama", {}, {"layer_types": ["sliding_attention"], "sliding_window": 4}),
+}
+SPECULATORS_LOGITS = {
+    "norm_output": {
+        (6, 0): [0.26056, -2.33783, -0.07064, 0.57241, -0.45348, 0.25846],
+        (6, 1): [0.14637, -2.10561, 0.35819, -0.96766, -0.29635, 0.10275],
+        (6, 2): [-0.33488, -1.89560, 0.15375, -1.74720, 0.32469, -0.37061],
+    },
+    "plain": {
+        (6, 0): [0.26056, -2.33783, -0.07064, 0.57241, -0.45348, 0.25846],
+        (6, 1): [-0.02073, -1.73446, 0.08564, -0.23961, 0.08597, 0.21060],
+        (6, 2): [-0.27731, -1.25467, 0.06074, -0.82282, 0.67593, 0.17709],
+    },
+    "fc_norm": {
+        (6, 0): [0.36782, -2.29127, -0.43425, 0.23342, -0.34509, 0.12579],
+        (6, 1): [0.33225, -1.89599, -0.12588, -1.17336, -0.06223, -0.27498],
+        (6, 2): [-0.35078, -1.59837, -0.15326, -1.86865, 0.59757, -0.78199],
+    },
+    "qwen3_norm_output": {
+        (6, 0): [-0.35331, -2.32269, -0.83890, -0.22314, -1.42209, 0.14436],
+        (6, 1): [-0.76648, -2.27746, -0.91071, -1.60563, -0.25943, -0.95056],
+        (6, 2): [-0.85795, -2.65907, -1.28549, -2.74379, -0.66563, -0.91948],
+    },
+    # Sliding window 4: step 0 everywhere, and steps >= 1 only while t + i < 4. Past that speculators' training
+    # mask counts the window from the ROW (kv > t - W) where vLLM's served layer, and this one, count it from
+    # the query's POSITION (kv > t + i - W); we follow what vLLM serves.
+    "sliding": {
+        (6, 0): [0.13475, -1.68721, -0.05658, 0.55928, -0.07654, 0.05366],
+        (2, 1): [-0.58288, -0.28643, -0.26496, -1.56936, 0.95607, 0.59331],
+    },
+}
+
+
+def speculators_inputs():
+    g = torch.Generator().manual_seed(5)
+    taps = torch.randn(10, 3 * H, generator=g)  # [T, 3H] the three taps of rows 0..9
+    tokens = torch.randint(3, VOCAB, (13,), generator=g)  # tokens[t]: the token that follows row t
+    return taps, tokens
+
+
+@pytest.mark.parametrize("case", list(SPECULATORS_CASES))
+def test_drafts_equal_speculators_own_forward(tmp_path, case):
+    """norm_output (speculators' training default since Eagle 3.1: steps >= 1 feed back the NORMED state),
+    fc_norm (one norm per tap), norm_before_fc, a qwen3 draft layer and a sliding-window layer give the
+    logits speculators' Eagle3DraftModel gives (values above); a loader that ignored norm_output was off by
+    0.5-3.4 at steps >= 1, one that ignored the window by 0.3 at step 0."""
+    from specdec_learn.drafters.eagle3 import KVCache
+
+    kind, extra, layer_extra = SPECULATORS_CASES[case]
+    write_speculators_checkpoint(tmp_path, kind, "layers.0", True, extra=extra, layer_extra=layer_extra)
+    model = load_eagle3(tmp_path)
+    drafter = Eagle3Drafter(model)
+    taps, tokens = speculators_inputs()
+    for (t, step), want in SPECULATORS_LOGITS[case].items():
+        drafter.cache = KVCache()
+        with torch.no_grad():
+            x = drafter._step(model.fuse(taps[: t + 1]), tokens[: t + 1].tolist(), 0)[-1:]  # target rows 0..t
+            for i in range(step):
+                x = drafter._step(model.feedback(x), [int(tokens[t + 1 + i])], t + 1 + i)
+            got = model.logits(x)[0, :6]
+        torch.testing.assert_close(got, torch.tensor(want), atol=2e-4, rtol=0, msg=f"{case}: row {t}, step {step}")
+
+
+def test_keys_that_change_the_forward_are_honoured_in_the_round_trip_or_refused(tmp_path):
+    target = tiny_target("llama")
+    written = write_speculators_checkpoint(tmp_path / "in", "llama", "layers.0", False,
+                                           extra={"norm_output": True, "fc_norm": True},
+                                           layer_extra={"layer_types": ["sliding_attention"], "sliding_window": 3})
+    model = load_eagle3(tmp_path / "in", target)
+    save_eagle3(model, tmp_path / "out", dtype=torch.float32)
+    again = load_eagle3(tmp_path / "out", target)
+    assert again.config.norm_output and again.config.fc_norm and again.layers[0].window == 3
+    assert torch.equal(again.fc_norm[2].weight, written["fc_norm.2.weight"])
+    prompt = list(range(5, 17))  # past the window of 3
+    ar = greedy_ar(target, prompt, 16)
+    assert sd.generate(target, prompt, Eagle3Drafter(again, target), k=4, max_new_tokens=16).tokens == ar
+
+    refusals = {
+        "logit_scale": ({"logit_scale": 0.5}, None),
+        "partial_rotary_factor": ({}, {"partial_rotary_factor": 0.5}),
+        "one or the other": ({"norm_before_fc": True, "fc_norm": True}, None),
+        "chunked_attention": ({}, {"layer_types": ["chunked_attention"]}),
+    }
+    for i, (message, (extra, layer_extra)) in enumerate(refusals.items()):
+        write_speculators_checkpoint(tmp_path / f"r{i}", "llama", "layers.0", False, extra=extra,
+                                     layer_extra=layer_extra)
+        with pytest.raises(ValueError, match=message):
+            load_eagle3(tmp_path / f"r{i}", target)
 
 
 def test_mismatched_target_is_refused_naming_both_numbers(tmp_path):
@@ -146,8 +270,8 @@ def test_mismatched_target_is_refused_naming_both_numbers(tmp_path):
 
 def test_drafting_step_by_step_equals_the_training_unroll():
     """Inference (KV cache, positions, own-state feedback) and the TTT unroll compute the same thing."""
-    from specdec_learn.train.data import Example
-    from specdec_learn.train.eagle3 import capture, ttt_forward
+    from specdec_learn.train.data import Example, capture
+    from specdec_learn.train.eagle3 import ttt_forward
 
     target = tiny_target("llama")
     torch.manual_seed(0)
@@ -169,8 +293,8 @@ def test_drafting_step_by_step_equals_the_training_unroll():
 
 
 def test_twenty_training_steps_lower_the_loss(tmp_path):
-    from specdec_learn.train.data import Example
-    from specdec_learn.train.eagle3 import TrainConfig, capture, choose_draft_vocab, train
+    from specdec_learn.train.data import Example, capture
+    from specdec_learn.train.eagle3 import TrainConfig, choose_draft_vocab, fit
 
     target = tiny_target("llama")
     with torch.no_grad():  # a confident target (a random one is near-uniform: nothing to learn)
@@ -186,15 +310,15 @@ def test_twenty_training_steps_lower_the_loss(tmp_path):
     assert len(draft_ids) == 48 and 2 in draft_ids.tolist()
     model = new_eagle3(target, draft_ids=draft_ids, taps=(1, 3, 4)).float()
     feats = capture(target, examples, model.config.aux_layer_ids, progress=False)
-    cfg = TrainConfig(max_steps=20, tokens_per_batch=200, lr=3e-3, warmup_steps=1, eval_every=10**9)
-    result = train(target, model, feats, feats[:3], cfg, tmp_path, progress=False)
-    state = torch.load(tmp_path / "train_state.pt")
+    cfg = TrainConfig(steps=20, tokens_per_batch=200, lr=3e-3, eval_every=10**9)
+    run = fit(target, model, feats, feats[:3], cfg, tmp_path, log=lambda *_: None)
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # the work dir holds the whole history
     losses = [h["loss"] for h in state["history"] if "loss" in h]
-    assert result["steps"] == 20 and len(losses) == 20
+    assert run.steps == 20 and len(losses) == 20
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:4]) / 4
     # Resuming continues from the saved step instead of starting over.
-    cfg.max_steps = 22
-    assert train(target, model, feats, [], cfg, tmp_path, progress=False)["steps"] == 22
+    cfg.steps = 22
+    assert fit(target, model, feats, [], cfg, tmp_path, log=lambda *_: None).steps == 22
 
 
 @pytest.mark.slow

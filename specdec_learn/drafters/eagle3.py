@@ -16,9 +16,14 @@ target ids through `d2t` (target id = draft id + d2t[draft id]).
 Drafting k tokens is k sequential steps with the drafter's own KV cache. Step
 0 reads the target's fused hidden state; later steps have no target state for
 positions the target has not run yet, so they feed back the drafter's own
-pre-norm output x instead (the "training-time test" teaches it to cope). On
-rejection the drafter's cache is cropped back to the positions that used real
-target states, and the target's states for the accepted tokens come next.
+output x instead (the "training-time test" teaches it to cope): pre-norm x, or
+norm(x) under ``norm_output`` (Eagle 3.1, speculators' training default: it
+keeps the magnitude from drifting over the steps; vLLM does the same). On
+rejection the drafter's cache is cropped back to the positions that used
+real target states, and the target's states for the accepted tokens come next.
+RoPE is transformers' own class (every scaling, YaRN's attention factor
+included); a ``sliding_attention`` layer sees the last ``sliding_window``
+positions, as vLLM serves it.
 
 The taps (`eagle_aux_hidden_state_layer_ids`) default to (2, L//2, L-3): the
 residual stream ENTERING those layers, i.e. HF `hidden_states[i]` (target.py's
@@ -38,7 +43,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # the same norm as the draft layer's
 
 from ..formats.io import load_strict
-from ..formats.speculators import Eagle3Config, eagle3_config_for, read_eagle3, write_eagle3
+from ..formats.speculators import Eagle3Config, eagle3_config_for, eagle3_layer_attention, read_eagle3, write_eagle3
 from ..sampling import probabilities, sample
 from .base import Drafter, Proposal
 
@@ -67,6 +72,7 @@ class Eagle3Layer(nn.Module):
         self.num_heads, self.num_kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
         self.head_dim = c.get("head_dim") or H // self.num_heads
         self.norm_before_residual = cfg.norm_before_residual
+        self.window = eagle3_layer_attention(c)[1]  # None = full attention
         bias, mlp_bias = c.get("attention_bias", False), c.get("mlp_bias", False)
         self.input_layernorm = RMSNorm(H, eps)  # on the token embedding
         self.hidden_norm = RMSNorm(H, eps)  # on the fused target state
@@ -120,8 +126,11 @@ class Eagle3Model(nn.Module):
         super().__init__()
         self.config = cfg
         H, c = cfg.hidden_size, cfg.layer_config
-        if cfg.norm_before_fc:
-            self.input_norm = RMSNorm(cfg.fc_in, c.get("rms_norm_eps", 1e-6))
+        eps = c.get("rms_norm_eps", 1e-6)
+        if cfg.norm_before_fc:  # one norm over the concatenated taps
+            self.input_norm = RMSNorm(cfg.fc_in, eps)
+        if cfg.fc_norm:  # one norm per tap
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.tap_size, eps) for _ in cfg.aux_layer_ids)
         self.fc = nn.Linear(cfg.fc_in, H, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(cfg)])
         self.norm = RMSNorm(H, c.get("rms_norm_eps", 1e-6))
@@ -132,8 +141,7 @@ class Eagle3Model(nn.Module):
         self.embed_tokens: nn.Embedding | None = None  # only when the checkpoint has its own
         self.__dict__["shared_embedding"] = None  # else the target's, kept OUT of this module's
         # parameters, so that model.float() / model.to() never touch the target
-        layer = self.layers[0]
-        self.inv_freq = rope_inv_freq(c, layer.head_dim)  # [d/2]
+        self.__dict__["rotary"] = rotary_embedding(c)  # kept out of .to(dtype): the angles stay fp32
 
     def set_vocab(self, draft_ids: torch.Tensor) -> None:
         """Use the target ids `draft_ids` (sorted, V_d of them) as the draft vocabulary."""
@@ -149,11 +157,10 @@ class Eagle3Model(nn.Module):
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def rope(self, positions: torch.Tensor):
-        """cos, sin [n, d] for integer positions [n]."""
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [n, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        dtype = self.fc.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        """cos, sin [n, d] for integer positions [n] (attention factor applied, as transformers does)."""
+        like = self.fc.weight.new_empty(0)
+        cos, sin = self.__dict__["rotary"](like, positions[None])  # [1, n, d] each
+        return cos[0], sin[0]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.embed_tokens if self.embed_tokens is not None else self.__dict__["shared_embedding"]
@@ -166,27 +173,28 @@ class Eagle3Model(nn.Module):
         taps = taps.to(self.fc.weight.dtype)
         if self.config.norm_before_fc:
             taps = self.input_norm(taps)
+        if self.config.fc_norm:
+            taps = torch.cat([norm(t) for norm, t in zip(self.fc_norm, taps.chunk(len(self.fc_norm), dim=-1))], -1)
         return self.fc(taps)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [n, V_d] from pre-norm outputs x [n, H]."""
         return self.lm_head(self.norm(x))
 
+    def feedback(self, x: torch.Tensor) -> torch.Tensor:
+        """The state the next step reads in place of a target state: norm(x) under norm_output, else x."""
+        return self.norm(x) if self.config.norm_output else x
 
-def rope_inv_freq(layer_config: dict, head_dim: int) -> torch.Tensor:
-    """The rotary frequencies, computed by transformers so every rope scaling (llama3, yarn, ...) is right."""
+
+def rotary_embedding(layer_config: dict):
+    """transformers' rotary embedding for the layer type: inv_freq AND the factor YaRN & co. put on cos/sin."""
     from transformers import AutoConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
     kwargs = {k: v for k, v in layer_config.items() if k != "model_type"}
     hf = AutoConfig.for_model(layer_config["model_type"], **kwargs)
-    params = getattr(hf, "rope_parameters", None) or {"rope_type": "default", "rope_theta": hf.rope_theta}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        theta = params["rope_theta"]
-        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
-    return inv_freq.float()
+    return (Qwen3RotaryEmbedding if layer_config["model_type"] == "qwen3" else LlamaRotaryEmbedding)(hf)
 
 
 # --- the drafter ----------------------------------------------------------------------
@@ -239,9 +247,11 @@ class Eagle3Drafter(Drafter):
         emb = model.embed(torch.tensor(tokens, device=device)).to(hidden.dtype)  # [n, H]
         cos, sin = model.rope(positions)
         q, k, v = layer.qkv(emb, hidden, cos, sin)
-        self.cache.append(k, v)
-        past = len(self.cache) - len(tokens)
-        mask = torch.ones(len(tokens), len(self.cache), dtype=torch.bool, device=device).tril(past)  # causal
+        self.cache.append(k, v)  # cache row i holds position i
+        distance = positions[:, None] - torch.arange(len(self.cache), device=device)[None, :]  # [n, T]
+        mask = distance >= 0  # causal
+        if layer.window is not None:  # a sliding_attention layer sees the last `window` positions
+            mask &= distance < layer.window
         return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
 
     def propose(self, state, k, sampling, generator) -> Proposal:
@@ -265,8 +275,8 @@ class Eagle3Drafter(Drafter):
                 q = probabilities(full, sampling)
                 tokens.append(sample(q, generator))
                 qs.append(q)
-            if i < k - 1:  # later steps feed back the drafter's own pre-norm state
-                x = self._step(x, tokens[-1:], self.num_real + i)
+            if i < k - 1:  # later steps feed back the drafter's own state (pre-norm, or normed: norm_output)
+                x = self._step(model.feedback(x), tokens[-1:], self.num_real + i)
         return Proposal(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, state, accepted, hidden) -> None:

@@ -3,23 +3,50 @@
 A speculators checkpoint is a folder with ``config.json`` and
 ``model.safetensors``. The config names the algorithm in
 ``speculators_model_type``, carries the draft layers' own transformer config
-under ``transformer_layer_config`` and the algorithm's fields beside it.
+under ``transformer_layer_config``, the algorithm's fields beside it, and a
+``speculators_config`` (proposal methods and the ``verifier``: the target's
+hub id and architectures; vLLM and speculators' ``from_pretrained`` both
+require the key, speculators loads the verifier's embedding and LM head from
+it when the checkpoint has none).
 
-EAGLE-3 (``speculators_model_type: "eagle3"``):
+EAGLE-3 (``speculators_model_type: "eagle3"``; checked against
+vllm-project/speculators ``src/speculators/models/eagle3/{config,core}.py``
+and vLLM's ``model_executor/models/llama_eagle3.py``):
 
-* config: ``draft_vocab_size``, ``target_hidden_size``,
+* config keys honoured: ``draft_vocab_size``, ``target_hidden_size``,
   ``eagle_aux_hidden_state_layer_ids`` (the taps: the residual stream ENTERING
-  those target layers), ``norm_before_residual``, ``norm_before_fc``;
+  those target layers), ``norm_before_residual``, ``norm_before_fc`` (one norm
+  over the concatenated taps), ``fc_norm`` (one norm per tap, Eagle 3.1),
+  ``norm_output`` (steps >= 1 feed back the NORMED state: speculators' training
+  default since Eagle 3.1); in ``transformer_layer_config``: the layer's shape,
+  ``hidden_act``, biases, ``rope_theta`` / rope scaling (any type transformers
+  implements, its attention factor included), ``layer_types`` +
+  ``sliding_window`` (speculators trains every draft layer with a 2048 window
+  by default).
+* keys without effect on the forward: ``embed_requires_grad`` (training),
+  ``speculators_config``, ``speculators_version``, dtypes, versions.
+* refused with a message: ``logit_scale`` != 1, ``partial_rotary_factor`` < 1,
+  ``norm_before_fc`` together with ``fc_norm``, layer types other than full /
+  sliding attention, more than one draft layer.
 * tensors: ``fc``, ``layers.0.*`` (the original EAGLE code names it
   ``midlayer.*``), ``norm``, ``lm_head`` over the draft vocabulary, ``d2t``
   (target id = draft id + d2t[draft id]) and ``t2d`` (a boolean mask over
-  the target vocabulary), optionally ``embed_tokens`` (else the target's
-  embedding is shared).
+  the target vocabulary), optionally ``input_norm`` / ``fc_norm.{i}`` and
+  ``embed_tokens`` (else the target's embedding is shared).
 
-DSpark (``speculators_model_type: "dspark"``): the DFlash backbone's tensors
+One default differs between the two readers: a config WITHOUT
+``norm_before_residual`` is read as False by speculators (its pydantic
+default, used here) and as True by vLLM; every writer in speculators and here
+writes the key.
+
+DSpark (``speculators_model_type: "dspark"``; vllm-project/speculators
+``src/speculators/models/{dflash,dspark}/``): the DFlash backbone's tensors
 and DeepSpec's head fields (see deepspec.py), the taps as
-``aux_hidden_state_layer_ids`` (already our tap numbers: DSpark id + 1), no
-embedding or LM head of its own (the verifier's are used).
+``aux_hidden_state_layer_ids`` (already our tap numbers: DSpark id + 1).
+speculators' own ``save_pretrained`` also stores the verifier's
+``embed_tokens`` and ``lm_head`` (frozen copies): they are read when present.
+We write neither (57 MB for SmolLM2's head) and name the verifier instead,
+from which speculators' ``from_pretrained`` loads both.
 """
 
 from __future__ import annotations
@@ -48,6 +75,8 @@ class Eagle3Config:
     target_hidden_size: int | None = None  # None = the draft's hidden size
     norm_before_residual: bool = False
     norm_before_fc: bool = False
+    fc_norm: bool = False  # one RMSNorm per tap before fc (Eagle 3.1)
+    norm_output: bool = False  # steps >= 1 feed back norm(x) instead of x (Eagle 3.1)
     extra: dict = field(default_factory=dict)  # other top-level keys, written back unchanged
 
     @property
@@ -59,12 +88,34 @@ class Eagle3Config:
         return self.layer_config["vocab_size"]
 
     @property
+    def tap_size(self) -> int:  # the width of one tap (the target's hidden size)
+        return self.target_hidden_size or self.hidden_size
+
+    @property
     def fc_in(self) -> int:
-        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
+        return len(self.aux_layer_ids) * self.tap_size
 
 
 _EAGLE3_KEYS = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
-                "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc"}
+                "eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc", "fc_norm",
+                "norm_output"}
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def eagle3_layer_attention(layer: dict) -> tuple[str, int | None]:
+    """(layer type, window) of the one draft layer, as transformers' config class resolves them.
+
+    The config class is the one vLLM builds too, so its rules apply: Qwen3
+    keeps ``sliding_window`` only with ``use_sliding_window``, and a sliding
+    layer without a window attends to everything (vLLM's ``LlamaAttention``).
+    """
+    from transformers import AutoConfig
+
+    hf = AutoConfig.for_model(layer["model_type"], **{k: v for k, v in layer.items() if k != "model_type"})
+    kind = (getattr(hf, "layer_types", None) or ["full_attention"])[0]
+    if kind not in ATTENTION_TYPES:
+        raise ValueError(f"Draft layer type {kind!r} is not implemented here (only {', '.join(ATTENTION_TYPES)}).")
+    return kind, (getattr(hf, "sliding_window", None) if kind == "sliding_attention" else None)
 
 
 def eagle3_config(d: dict) -> Eagle3Config:
@@ -80,6 +131,18 @@ def eagle3_config(d: dict) -> Eagle3Config:
         raise ValueError(f"Draft layer type {layer['model_type']!r} is not supported; known: {', '.join(LAYER_TYPES)}.")
     if layer.get("num_hidden_layers", 1) != 1:
         raise ValueError(f"This loader reads one-layer EAGLE-3 drafters; the config has {layer['num_hidden_layers']}.")
+    refused = []
+    if float(d.get("logit_scale", layer.get("logit_scale", 1.0))) != 1.0:
+        refused.append("logit_scale != 1 (the draft logits would be scaled)")
+    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
+    if float(layer.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))) != 1.0:
+        refused.append("partial_rotary_factor < 1 (this layer rotates whole heads, as vLLM's and speculators' do)")
+    if d.get("norm_before_fc") and d.get("fc_norm"):
+        refused.append("norm_before_fc together with fc_norm (speculators allows one or the other)")
+    if refused:
+        raise ValueError("This EAGLE-3 config asks for what the network here does not implement: "
+                         + "; ".join(refused) + ".")
+    eagle3_layer_attention(layer)  # refuses unknown layer types now, not at the first draft
     return Eagle3Config(
         layer_config=layer,
         draft_vocab_size=d.get("draft_vocab_size", 32000),
@@ -87,6 +150,8 @@ def eagle3_config(d: dict) -> Eagle3Config:
         target_hidden_size=d.get("target_hidden_size"),
         norm_before_residual=bool(d.get("norm_before_residual", False)),
         norm_before_fc=bool(d.get("norm_before_fc", False)),
+        fc_norm=bool(d.get("fc_norm", False)),
+        norm_output=bool(d.get("norm_output", False)),
         extra={k: v for k, v in d.items() if k not in _EAGLE3_KEYS},
     )
 
@@ -103,6 +168,8 @@ def eagle3_json(cfg: Eagle3Config) -> dict:
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
     }
 
 
