@@ -183,58 +183,99 @@ def _generate_vllm(args, sampling) -> int:
 
 
 
+# `specdec train <method>`: one subcommand per trainer module in specdec_learn/train/.
+TRAINERS = ("eagle3", "dflash", "dspark", "mtp", "gemma4_mtp", "draft_model")
+
+
 def _add_train_parser(sub) -> None:
-    t = sub.add_parser("train", help="train a learned drafter on the target's own answers (CPU is enough)")
-    t.add_argument("method", choices=["data", "eagle3", "dflash", "dspark"],
-                   help="data = only let the target answer training prompts (the dataset every drafter reads)")
-    t.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
-    t.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16", help="target dtype for data and taps")
-    t.add_argument("--device", default=None)
-    t.add_argument("--data-dir", default=None, help="default: $SPECDEC_CACHE/data/<target>")
-    t.add_argument("--out", default=None, help="where the drafter goes (default: ./eagle3-<target>)")
-    t.add_argument("--generate-minutes", type=float, default=0.0, help="first let the target answer prompts this long")
-    t.add_argument("--budget-minutes", type=float, default=None, help="training time budget")
-    t.add_argument("--steps", type=int, default=None, help="training step budget")
-    t.add_argument("--draft-vocab", type=int, default=4096)
-    t.add_argument("--ttt-steps", type=int, default=3)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-progress", action="store_true")
-    d = t.add_argument_group("data (specdec train data)")
+    """`specdec train data` and `specdec train <method>`: the flags every trainer shares, then its own.
+
+    Shared: --target --steps --budget-min --lr --out --threads --data-dir
+    --work-dir --seed --no-progress (defaults per method). A method's own
+    flags (sizes, loss weights) live beside its loss, in its module's
+    `add_arguments`; a flag that a method does not have is refused.
+    """
+    from importlib import import_module
+
+    t = sub.add_parser("train", help="train a learned drafter on the target's own answers (CPU is enough)",
+                       description="Build the dataset (`specdec train data`), then train a drafter on it.")
+    methods = t.add_subparsers(dest="method", required=True, metavar="{data," + ",".join(TRAINERS) + "}")
+    d = methods.add_parser("data", help="let the target answer the training prompts (the dataset every drafter reads)",
+                           allow_abbrev=False)
+    d.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
+    d.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16", help="the target's dtype")
+    d.add_argument("--device", default=None, help="cpu or cuda; default: GPU if present")
+    d.add_argument("--data-dir", default=None, help="default: $SPECDEC_CACHE/data/<target>")
+    d.add_argument("--budget-min", type=float, default=None, help="stop after this many minutes (run again to go on)")
     d.add_argument("--backend", choices=["native", "vllm"], default="native",
                    help="who generates: HF generate, or vLLM's batching (several times faster; needs vLLM)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = the greedy answer; > 0 = sampled answers")
     d.add_argument("--max-new-tokens", type=int, default=256)
     d.add_argument("--batch-size", type=int, default=None, help="prompts per batch (default 16 native, 128 vLLM)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="on an error, show the traceback")
+    for method in TRAINERS:
+        trainer = import_module(f".train.{method}", __package__)
+        summary = trainer.__doc__.strip().splitlines()[0]
+        p = methods.add_parser(method, help=summary, description=summary, allow_abbrev=False)  # no guessed flags
+        _add_train_common(p, trainer.DEFAULTS)
+        trainer.add_arguments(p)
+
+
+def _add_train_common(p, defaults: dict) -> None:
+    p.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
+    p.add_argument("--steps", type=int, default=defaults["steps"], help="step budget, and the schedule's horizon")
+    p.add_argument("--budget-min", type=float, default=None,
+                   help="also stop after this many minutes of training (run again to continue)")
+    p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate (warm-up, then cosine)")
+    p.add_argument("--out", default=None, help="checkpoint folder (default: specdec_learn/checkpoints/<its name>)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    p.add_argument("--data-dir", default=None, help="the dataset (default: $SPECDEC_CACHE/data/<target>)")
+    p.add_argument("--work-dir", default=None, help="the resumable state (default: $SPECDEC_CACHE/train/<its name>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars and no per-step log lines")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="on an error, show the traceback")
 
 
 def _train(args) -> int:
     if args.method == "data":
         return _train_data(args)
-    if args.method in ("dflash", "dspark"):  # the block drafters' recipes read the same arguments
-        from importlib import import_module
+    from importlib import import_module
 
-        return import_module(f".train.{args.method}", __package__).cli(args)
-    from .train import eagle3 as recipe
+    import torch
 
-    if args.budget_minutes is None and args.steps is None:
-        raise ValueError("Give a budget: --budget-minutes N or --steps N (training runs until one is spent).")
-    target = load(args.target, dtype=args.dtype, device=args.device)
-    cfg = recipe.TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, max_steps=args.steps,
-                             budget_minutes=args.budget_minutes, seed=args.seed)
-    recipe.run(target, args.data_dir, args.out, args.draft_vocab, args.generate_minutes, cfg=cfg,
-               progress=not args.no_progress)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trainer = import_module(f".train.{args.method}", __package__)
+    try:
+        out = trainer.cli(args, _train_command(args))
+    except KeyboardInterrupt:  # the loop has saved its state and said where
+        print("specdec: interrupted; the same command continues the run", file=sys.stderr)
+        return 130
+    print(f"{args.method} drafter written to {out} (its recipe.json records the run)")
     return 0
+
+
+def _train_command(args) -> str:
+    """The command that repeats this run, every flag spelled out with its value (defaults included)."""
+    import shlex
+
+    words = ["specdec", "train", args.method]
+    for key, value in vars(args).items():
+        if key in ("command", "method", "debug") or value is None or value is False:
+            continue
+        words += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return shlex.join(words)
 
 
 def _train_data(args) -> int:
     """Answer the training prompts not yet answered (resumable), with the target or with vLLM."""
     from .train import data
 
-    minutes = args.generate_minutes or args.budget_minutes
     data_dir = args.data_dir or data.default_dir(args.target)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                  budget_s=minutes * 60 if minutes else None, progress=not args.no_progress)
+                  budget_s=args.budget_min * 60 if args.budget_min else None, progress=not args.no_progress)
     if args.backend == "vllm":
         from .vllm_backend import VllmEngine
 

@@ -71,3 +71,13 @@ def check_parity(target, prompts, ar_outputs, drafter, k, max_new_tokens=MAX_NEW
         assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
         total = total + out.stats
     return total
+
+
+def training_ids(prefix: str, n: int) -> list[str]:
+    """n example ids outside the benchmark split: every trainer refuses data from benchmark prompts, by id."""
+    from itertools import count
+
+    from specdec_learn.workloads import is_benchmark_prompt
+
+    ids = (f"{prefix}/{i}" for i in count())
+    return [next(i for i in ids if not is_benchmark_prompt(i)) for _ in range(n)]

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from conftest import tiny_llama
+from conftest import tiny_llama, training_ids
 from specdec_learn.drafters.dflash import DFlashDrafter, load_dflash
 from specdec_learn.drafters.dspark import DSparkDrafter, load_dspark
 from specdec_learn.target import Target
-from specdec_learn.train.dflash import block_labels, block_mask, position_weights, sample_anchors, train_dflash
-from specdec_learn.train.dspark import train_dspark
+from specdec_learn.train import dflash, dspark
+from specdec_learn.train.dflash import block_labels, block_mask, position_weights, sample_anchors
 
 
 def test_block_mask_sees_the_context_before_the_anchor_and_its_own_block():
@@ -60,11 +60,11 @@ def tiny_setup(tmp_path, monkeypatch):
     data.mkdir()
     g = torch.Generator().manual_seed(0)
     with (data / "greedy-000.jsonl").open("w") as f:
-        for i in range(12):
+        for example_id in training_ids("train", 12):
             prompt = torch.randint(20, 128, (6,), generator=g).tolist()
             start = int(torch.randint(30, 60, (1,), generator=g))
             response = [30 + (start + j) % 30 for j in range(48)]  # counting: learnable from the context
-            f.write(json.dumps({"id": f"train/{i}", "variant": "greedy", "input_ids": prompt + response,
+            f.write(json.dumps({"id": example_id, "variant": "greedy", "input_ids": prompt + response,
                                 "num_prompt_tokens": 6}) + "\n")
     return target, data, tmp_path / "out"
 
@@ -77,19 +77,23 @@ def mean(xs):
 def test_training_lowers_the_loss_resumes_and_ships_a_working_drafter(tiny_setup, method, capsys):
     target, data, out = tiny_setup
     if method == "dflash":
-        train = lambda steps: train_dflash(target, out, data, layers=1, block_size=4, steps=steps, lr=1e-2, num_anchors=8)  # noqa: E731
+        train = lambda steps: dflash.train(target, layers=1, block_size=4, steps=steps, lr=1e-2, num_anchors=8,  # noqa: E731
+                                           data_dir=data, progress=False)
     else:
-        train = lambda steps: train_dspark(target, out, data, layers=1, block_size=4, markov_rank=4, steps=steps,  # noqa: E731
-                                           lr=1e-2, num_anchors=8)
-    _, log = train(40)
-    losses = [loss for loss, _ in log["history"]]
+        train = lambda steps: dspark.train(target, layers=1, block_size=4, markov_rank=4, steps=steps,  # noqa: E731
+                                           lr=1e-2, num_anchors=8, data_dir=data, progress=False)
+    _, run = train(40)
+    losses = [record["loss"] for record in run.history if record["loss"] is not None]
     assert mean(losses[-8:]) < (0.8 if method == "dflash" else 0.9) * mean(losses[:8])
     if method == "dflash":  # plain cross-entropy: better than a uniform guess over the 128 tokens
         assert mean(losses[-8:]) < math.log(128)
 
-    _, log = train(45)  # same out_dir: continues from step 40
-    assert "resumed at step 40" in capsys.readouterr().out and log["steps"] == 45 and len(log["history"]) == 5
+    model, run = train(45)  # the same work dir ($SPECDEC_CACHE/train/<method>-tiny): continues from step 40
+    assert "resumed at step 40" in capsys.readouterr().out and run.steps == 45 and len(run.history[run.resumed_from:]) == 5
 
+    trainer = dflash if method == "dflash" else dspark
+    trainer.export(model, target, out, run)
+    assert json.loads((out / "recipe.json").read_text())["steps"] == 45
     if method == "dflash":
         drafter = DFlashDrafter(load_dflash(out))
     else:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import check_parity, tiny_target
+from conftest import check_parity, tiny_target, training_ids
 from specdec_learn.checkpoints import materialize, shipped, write_draft_delta
 from specdec_learn.train.draft_model import Student, student_config, train
 from specdec_learn.zoo import make_drafter
@@ -17,23 +17,23 @@ def write_dataset(folder, vocab_size: int, n: int = 24, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "greedy-000.jsonl", "w") as f:
-        for i in range(n):
+        for example_id in training_ids("tiny", n):
             start = int(torch.randint(3, vocab_size - 8, (1,), generator=g))
             ids = [(start + j) % vocab_size for j in range(40)]
-            f.write(json.dumps({"id": f"tiny/{i}", "input_ids": ids, "num_prompt_tokens": 8}) + "\n")
+            f.write(json.dumps({"id": example_id, "input_ids": ids, "num_prompt_tokens": 8}) + "\n")
 
 
 def test_training_lowers_the_loss_and_resumes(tmp_path):
     target = tiny_target(vocab_size=64, hidden=32)
     write_dataset(tmp_path / "data", 64)
     shape = dict(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32)
-    losses = []
-    student, step = train(target, steps=60, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
-                          log=lambda line: losses.append(float(line.split("loss ")[1].split()[0])), **shape)
-    assert step == 60 and losses[-1] < 0.8 * losses[0]
-    _, step = train(target, steps=70, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
-                    log=lambda line: None, **shape)
-    assert step == 70  # continued from the saved state, not from zero
+    student, run = train(target, steps=60, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
+                         log=lambda line: None, **shape)
+    losses = [record["loss"] for record in run.history]  # one per step: step 10's is losses[9]
+    assert run.steps == 60 and losses[59] < 0.8 * losses[9]
+    _, run = train(target, steps=70, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
+                   log=lambda line: None, **shape)
+    assert run.steps == 70 and run.resumed_from == 60  # continued from the saved state, not from zero
 
 
 def test_shipped_format_materializes_to_the_same_model(tmp_path):

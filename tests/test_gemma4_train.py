@@ -1,5 +1,7 @@
 """The Gemma-4-style assistant trainer: learns on a tiny target, resumes, ships its table as E·P, reloads."""
 
+import json
+
 import torch
 from conftest import tiny_target
 from safetensors import safe_open
@@ -7,9 +9,9 @@ from test_mtp_train import write_examples
 
 import specdec_learn as sd
 from specdec_learn.drafters.gemma4_mtp import Gemma4AssistantDrafter, load_gemma4_assistant
-from specdec_learn.checkpoints import PROJECTION, TABLE, strip_table
+from specdec_learn.checkpoints import PROJECTION, TABLE
 from specdec_learn.train import gemma4_mtp as train_g4
-from specdec_learn.train.data import load_examples
+from specdec_learn.train.data import capture, load_examples
 
 
 def test_assistant_learns_resumes_and_ships_its_table_as_a_projection(tmp_path, monkeypatch):
@@ -22,22 +24,23 @@ def test_assistant_learns_resumes_and_ships_its_table_as_a_projection(tmp_path, 
     kw = dict(depth=2, lr=1e-2, anchors=32, hidden_size=16, num_layers=2, work_dir=tmp_path / "work",
               data_dir=data, log=lambda *_: None)
     examples = load_examples(data)
-    untrained, _, _ = train_g4.train(target, steps=0, **{**kw, "work_dir": tmp_path / "untrained"})
-    before = train_g4.evaluate(untrained, target, examples[:6], depth=2)
-    assistant, step, proj = train_g4.train(target, steps=40, **kw)
-    after = train_g4.evaluate(assistant, target, examples[:6], depth=2)
-    assert step == 40 and after[0] > before[0] + 0.3 and after[1] > before[1]
-    torch.testing.assert_close(assistant.model.embed_tokens.weight, target.embed_tokens.weight.float() @ proj)
+    feats = capture(target, examples[:6], kv_layer=train_g4.kv_layer(target), progress=False)
+    untrained, _ = train_g4.train(target, steps=0, **{**kw, "work_dir": tmp_path / "untrained"})
+    before = train_g4.evaluate(untrained.assistant, target, feats, depth=2)
+    student, run = train_g4.train(target, steps=40, **kw)
+    after = train_g4.evaluate(student.assistant, target, feats, depth=2)
+    assert run.steps == 40 and after[0] > before[0] + 0.3 and after[1] > before[1]
+    proj = student.table.proj.detach()
+    torch.testing.assert_close(student.assistant.model.embed_tokens.weight, target.embed_tokens.weight.float() @ proj)
 
     logs = []
-    _, step, _ = train_g4.train(target, steps=41, **{**kw, "log": logs.append})
-    assert step == 41 and logs[0] == "resumed at step 40"
+    _, run = train_g4.train(target, steps=41, **{**kw, "log": logs.append})
+    assert run.steps == 41 and logs[0] == "resumed at step 40"
 
-    out = tmp_path / "export"
-    assistant.save_pretrained(out)
-    strip_table(out, proj)
+    out = train_g4.export(student, target, tmp_path / "export", run)
     with safe_open(out / "model.safetensors", "pt") as f:
         assert PROJECTION in f.keys() and TABLE not in f.keys()
+    assert json.loads((out / "recipe.json").read_text())["steps"] == 41
     loaded = load_gemma4_assistant(out, target)  # the table rebuilt from the target's embedding
     prompt = examples[0].input_ids[:12]
     ar = sd.generate(target, prompt, max_new_tokens=12)

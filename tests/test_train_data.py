@@ -75,3 +75,49 @@ def test_build_dataset_is_resumable(target, tmp_path):
                                                                None, max_new_tokens=4).tokens
     taps = data.capture_taps(target, ex, (2, 15))
     assert taps[2].shape == (len(ex.input_ids), target.hidden_size)
+
+
+# --- the feature step every trainer ends its data stage at -------------------------------------
+
+
+def test_features_are_cached_a_damaged_file_is_recomputed_and_no_write_is_half_done(tmp_path, capsys):
+    import torch
+    from conftest import tiny_target
+
+    target = tiny_target()
+    examples = [data.Example(f"x/{i}", list(range(3 + i, 13 + i)), [False] * 4 + [True] * 6) for i in range(3)]
+    cache = tmp_path / "features"
+    first = data.capture(target, examples, (1,), cache, progress=False, kv_layer=1)
+    files = sorted(cache.glob("*.pt"))
+    assert len(files) == 3 and not list(cache.glob(".*"))  # every write renamed into place, no temporary left
+    f = first[0]
+    assert f.taps.shape == (10, 32) and f.last.shape == (10, 32) and f.top1.shape == (10,)
+    assert f.keys.shape == f.values.shape == (1, 2, 10, 8)  # [1, kv_heads, T, head_dim] of layer 1
+
+    files[1].write_bytes(files[1].read_bytes()[:100])  # a file cut short (a disk error)
+    again = data.capture(target, examples, (1,), cache, progress=False, kv_layer=1)
+    assert "damaged feature file" in capsys.readouterr().err
+    for a, b in zip(first, again):
+        assert torch.equal(a.taps, b.taps) and torch.equal(a.keys, b.keys)
+    assert data.read_features(files[1]) is not None  # rewritten whole
+
+    tokens_only = data.capture(None, examples)  # the draft model's features: no target forward
+    assert tokens_only[0].taps is None and tokens_only[0].ids.tolist() == examples[0].input_ids
+
+
+def test_training_data_splits_records_and_refuses_benchmark_examples(tmp_path):
+    from conftest import tiny_target, training_ids
+
+    target = tiny_target()
+    rows = [{"id": i, "input_ids": [5, 6, 7, 8, 9, 10], "num_prompt_tokens": 2} for i in training_ids("t", 120)]
+    (tmp_path / "greedy-000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    made = data.training_data(target, data_dir=tmp_path, progress=False)
+    assert len(made.train) == len(made.examples) and len(made.eval) == len(made.held_out) > 0
+    assert made.record["train_examples"] + made.record["held_out_examples"] == 120
+    assert made.record["sha256"] == data.training_data(target, data_dir=tmp_path, states=False).record["sha256"]
+
+    leaked = next(i for i in (f"t/{n}" for n in range(100)) if is_benchmark_prompt(i))
+    rows.append({"id": leaked, "input_ids": [5, 6, 7, 8], "num_prompt_tokens": 2})
+    (tmp_path / "greedy-000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="come from benchmark prompts"):
+        data.training_data(target, data_dir=tmp_path, progress=False)

@@ -8,7 +8,14 @@ the training text is written by the exact target, not taken from a dataset:
     out_dir   = build_dataset(target, out_dir, prompts)  # batched generate -> JSONL shards
     examples  = load_examples(out_dir)                   # Example(id, input_ids, loss_mask)
     hidden    = capture_taps(target, example, taps)      # {tap: [T, H]} for one example
-    features  = capture(target, examples, taps, cache)   # every example's taps, cached on disk (EAGLE-3, DFlash, DSpark)
+    features  = capture(target, examples, taps, cache)   # every example's features, cached on disk
+    data      = training_data(target, taps)              # the step every trainer ends its data stage at
+
+`training_data` is where every trainer's data stage ends: the train and
+held-out examples, each with what its drafter reads from the target (the
+taps, the final state, the target's top-1, for the assistant a layer's K/V;
+for the draft model the tokens alone), run once per example and cached on
+disk beside the dataset, plus a record of the data for recipe.json.
 
 Held-out prompts stay held out: `training_prompts` keeps only prompts whose id
 is outside the benchmark split (`workloads.is_benchmark_prompt`) and whose
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -240,69 +249,159 @@ def training_split(target_name: str, data_dir=None) -> tuple[list[Example], list
 
 
 def work_dir_for(target_name: str, method: str, work_dir=None) -> Path:
-    """Where a trainer keeps its resumable state: $SPECDEC_CACHE/train/<method>-<target>/ unless given."""
-    name = Path(str(target_name)).name
-    work_dir = Path(work_dir or cache_dir() / "train" / f"{method}-{name}")
+    """Where a trainer keeps its resumable state, unless given: $SPECDEC_CACHE/train/<its checkpoint's name>/.
+
+    The folder is named after the checkpoint the run makes
+    (`checkpoints.shipped_folder`: train/eagle3-smollm2-135m/,
+    train/draft-smollm2-135m/, ...), outside the shipped folder, so an
+    export never carries training state and a package install never sees it.
+    """
+    from ..checkpoints import shipped_folder
+
+    work_dir = Path(work_dir or cache_dir() / "train" / shipped_folder(method, target_name).name)
     work_dir.mkdir(parents=True, exist_ok=True)
     return work_dir
 
 
-@torch.inference_mode()
-def capture_taps(target, example: Example, taps) -> dict[int, torch.Tensor]:
-    """The residual stream at `taps` over the whole example: {tap: [T, H]}, one target forward."""
+@torch.no_grad()  # not inference_mode: the results are training inputs, which autograd may save
+def capture_taps(target, example: Example, taps, cache=None) -> dict[int, torch.Tensor]:
+    """The residual stream at `taps` over the whole example: {tap: [T, H]}, one target forward.
+
+    cache: the DynamicCache the forward fills (pass one to read its K/V afterwards).
+    """
     from transformers import DynamicCache
 
     from ..target import DecodeState
 
-    state = DecodeState(ids=list(example.input_ids), prompt_len=len(example.input_ids), cache=DynamicCache())
+    cache = cache if cache is not None else DynamicCache()
+    state = DecodeState(ids=list(example.input_ids), prompt_len=len(example.input_ids), cache=cache)
     return target.forward(state, example.input_ids, taps, logits=False).hidden
 
 
-# --- taps for the drafters that read them (EAGLE-3, DFlash, DSpark) -------------------------
+def fingerprint(examples: list[Example], held_out: list[Example], data_dir) -> dict:
+    """What recipe.json says about the data: where, how much, and a hash of exactly which examples."""
+    digest = hashlib.sha256()
+    for ex in [*examples, *held_out]:
+        digest.update(example_key(ex).encode())
+    return {"dir": str(data_dir), "train_examples": len(examples), "held_out_examples": len(held_out),
+            "response_tokens": sum(sum(ex.loss_mask) for ex in examples), "sha256": digest.hexdigest()}
+
+
+# --- features: what each drafter reads from the target, once per example ----------------------
 
 
 @dataclass
 class Features:
-    """One example, as the drafter trains on it."""
+    """One example, as a drafter trains on it (the fields its drafter does not read are None)."""
 
     ids: torch.Tensor  # [T] token ids
     loss_mask: torch.Tensor  # [T] bool, True on response tokens
-    taps: torch.Tensor  # [T, 3 H_t] the three tapped states, concatenated in tap order
-    last: torch.Tensor  # [T, H] target's final-normed last state (its logits = lm_head(last))
-    top1: torch.Tensor  # [T] the target's argmax over its FULL vocabulary
+    taps: torch.Tensor | None = None  # [T, n·H_t] the tapped states in tap order (EAGLE-3, DFlash, DSpark)
+    last: torch.Tensor | None = None  # [T, H] target's final-normed last state (its logits = lm_head(last))
+    top1: torch.Tensor | None = None  # [T] the target's argmax over its FULL vocabulary
+    keys: torch.Tensor | None = None  # [1, kv_heads, T, d] one layer's K (the Gemma-4-style assistant)
+    values: torch.Tensor | None = None  # [1, kv_heads, T, d] and its V
 
 
 def example_key(ex: Example) -> str:
     return hashlib.sha1(f"{ex.id}|{ex.variant}|{len(ex.input_ids)}".encode()).hexdigest()[:16]
 
 
-@torch.inference_mode()
-def capture(target, examples: list[Example], taps, cache_dir=None, progress: bool = True,
-            dtype=torch.bfloat16) -> list[Features]:
-    """Run the target once over each example; keep taps + final state (in `dtype`), on disk if cache_dir is given.
+def feature_dir(data_dir, target, taps=(), kv_layer: int | None = None) -> Path:
+    """data_dir/taps-2-15-27-bfloat16/ (or last-..., ...-kv29-...): one cache per (taps, K/V layer, target dtype)."""
+    name = f"taps-{'-'.join(map(str, taps))}" if taps else "last"
+    if kv_layer is not None:
+        name += f"-kv{kv_layer}"
+    return Path(data_dir) / f"{name}-{str(target.dtype).removeprefix('torch.')}"
 
-    Resumable: an example already in cache_dir is read back, not recomputed.
+
+@torch.no_grad()
+def capture(target, examples: list[Example], taps=(), cache_dir=None, progress: bool = True,
+            dtype=torch.bfloat16, kv_layer: int | None = None) -> list[Features]:
+    """Run the target once over each example; keep what a drafter reads (in `dtype`), on disk if cache_dir is given.
+
+    Always the final-normed last state and the target's top-1; the states at
+    `taps`; the K/V of layer `kv_layer`. target=None keeps the tokens alone
+    (no target forward). Resumable: an example already in cache_dir is read
+    back, not recomputed; a cached file that cannot be read (a disk error) is
+    recomputed and rewritten, saying so. Each file is written to a temporary
+    name and renamed, so a run killed mid-write leaves no half-written file.
     """
     taps = tuple(taps)
     cache_dir = Path(cache_dir) if cache_dir is not None else None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     out = []
-    for ex in tqdm(examples, desc="capturing taps", disable=not progress):
-        path = cache_dir / f"{example_key(ex)}.pt" if cache_dir is not None else None
-        if path is not None and path.exists():
-            out.append(Features(**torch.load(path)))
+    for ex in tqdm(examples, desc="capturing features", disable=not progress or target is None):
+        if target is None:
+            out.append(Features(ids=torch.tensor(ex.input_ids), loss_mask=torch.tensor(ex.loss_mask)))
             continue
-        hidden = capture_taps(target, ex, (*taps, target.num_layers))
-        last = target.final_norm(hidden[target.num_layers])  # [T, H]
-        feats = Features(
-            ids=torch.tensor(ex.input_ids),
-            loss_mask=torch.tensor(ex.loss_mask),
-            taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype).cpu(),
-            last=last.to(dtype).cpu(),
-            top1=target.lm_head(last).argmax(-1).cpu(),
-        )
+        path = cache_dir / f"{example_key(ex)}.pt" if cache_dir is not None else None
+        if path is not None and path.exists() and (cached := read_features(path)) is not None:
+            out.append(cached)
+            continue
+        feats = target_features(target, ex, taps, dtype, kv_layer)
         if path is not None:
-            torch.save(asdict(feats), path)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            torch.save(asdict(feats), tmp)
+            os.replace(tmp, path)
         out.append(feats)
     return out
+
+
+def read_features(path: Path) -> Features | None:
+    """A cached example, or None (after saying so) when the file is damaged."""
+    try:
+        return Features(**torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as err:  # truncated, bit-flipped, or not ours: a cache is rebuilt, not trusted
+        print(f"{path}: damaged feature file ({type(err).__name__}), recomputing it", file=sys.stderr)
+        return None
+
+
+def target_features(target, ex: Example, taps: tuple, dtype, kv_layer: int | None) -> Features:
+    """One target forward over one example -> its Features (on the CPU, in `dtype`)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.model.config)
+    hidden = capture_taps(target, ex, (*taps, target.num_layers), cache)
+    last = target.final_norm(hidden[target.num_layers])  # [T, H]
+    feats = Features(
+        ids=torch.tensor(ex.input_ids),
+        loss_mask=torch.tensor(ex.loss_mask),
+        taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype).cpu() if taps else None,
+        last=last.to(dtype).cpu(),
+        top1=target.lm_head(last).argmax(-1).cpu(),
+    )
+    if kv_layer is not None:
+        layer = cache.layers[kv_layer]
+        feats.keys, feats.values = layer.keys.to(dtype).cpu(), layer.values.to(dtype).cpu()
+    return feats
+
+
+@dataclass
+class TrainingData:
+    """A trainer's data stage, done: the examples, their features, and the record recipe.json keeps."""
+
+    examples: list[Example]  # training examples (the target's answers)
+    held_out: list[Example]  # held out by prompt id (`split_examples`)
+    train: list[Features]  # one per training example
+    eval: list[Features]  # one per held-out example
+    record: dict  # `fingerprint`: folder, counts, a hash of which examples
+
+
+def training_data(target, taps=(), kv_layer: int | None = None, data_dir=None, states: bool = True,
+                  progress: bool = True) -> TrainingData:
+    """The step every trainer ends its data stage at: the dataset, split, with each example's features cached.
+
+    states=False: the tokens alone (the distilled draft model learns from what
+    the target wrote, not from its hidden states), so no target forward runs.
+    """
+    name = Path(str(target.name)).name
+    data_dir = Path(data_dir or default_dir(name))
+    examples, held_out = training_split(name, data_dir)
+    check_no_benchmark_prompts_by_id([ex.id for ex in examples + held_out])
+    source = target if states else None
+    cache = feature_dir(data_dir, target, taps, kv_layer) if states else None
+    train = capture(source, examples, taps, cache, progress, kv_layer=kv_layer)
+    held = capture(source, held_out, taps, cache, progress, kv_layer=kv_layer)
+    return TrainingData(examples, held_out, train, held, fingerprint(examples, held_out, data_dir))

@@ -22,28 +22,26 @@ target forward. From it we cut many practice rounds at once:
 The same helpers serve DSpark (train/dspark.py), whose slots are shifted by
 one: slot k learns x_{p+k+1}.
 
-The loop (`train_loop`) is deliberately plain: one example per step, AdamW,
-warm-up then cosine, a resumable state file, a time budget. The taps come
-from the same pipeline and disk cache as EAGLE-3's (`load_features`): the
-target runs once per example for every learned drafter.
+Training is data -> loss -> the shared loop (train/loop.py): the taps come
+from the same pipeline and disk cache as EAGLE-3's (`data.training_data`
+with the same taps: the target runs once per example for every learned
+drafter), each step draws one example and its anchors, and the block
+drafter's checkpoint is written once, at the end, with its recipe.json.
 
-    python -m specdec_learn.train.dflash --out specdec_learn/checkpoints/dflash-smollm2-135m \
-        --layers 1 --block-size 16 --steps 3000 --budget-min 40 --threads 1
+    specdec train dflash --layers 1 --block-size 16 --steps 3000 --budget-min 40 --threads 1
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..checkpoints import shipped_folder
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
-from .data import default_dir, load_examples, split_examples
-from .schedule import load_state, save_state
+from .data import training_data, work_dir_for
+from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 # --- the blocks of one example --------------------------------------------------
 
@@ -135,11 +133,11 @@ def slot_accuracy(logits, labels, keep) -> torch.Tensor:
     return hit.sum(0).float() / keep.sum(0).float()
 
 
-# --- the target's taps: the pipeline EAGLE-3 uses ---------------------------------------
+# --- the target's taps: the ones EAGLE-3 reads ------------------------------------------
 
 
 def shared_taps(target) -> tuple[int, ...]:
-    """EAGLE-3's taps (2, 15, 27 for SmolLM2): using them too lets one tap cache serve every drafter.
+    """EAGLE-3's taps (2, 15, 27 for SmolLM2): using them too lets one tap cache serve EAGLE-3, DFlash and DSpark.
 
     As DFlash layer ids (output of layer i = tap i + 1) these are 1, 14, 26,
     close to z-lab's default spread (1, 14, 27).
@@ -147,28 +145,6 @@ def shared_taps(target) -> tuple[int, ...]:
     from ..drafters.eagle3 import default_taps
 
     return tuple(default_taps(target.num_layers))
-
-
-def load_features(target, data_dir=None):
-    """(train, held-out) Features of the dataset: taps + the target's last state, cached on disk.
-
-    This is data.capture, the EAGLE-3 recipe's capture, and its cache folder
-    (data_dir/taps-<taps>-<dtype>): the target runs once per example for all
-    three learned drafters.
-    """
-    from .data import capture
-
-    data_dir = Path(data_dir or default_dir(target.name))
-    examples = load_examples(data_dir)
-    if not examples:
-        raise FileNotFoundError(
-            f"No training examples in {data_dir}: build them first with "
-            "specdec_learn.train.data.build_dataset(target, out_dir, training_prompts())."
-        )
-    train_ex, eval_ex = split_examples(examples)
-    taps = shared_taps(target)
-    cache = data_dir / f"taps-{'-'.join(map(str, taps))}-{str(target.dtype).removeprefix('torch.')}"
-    return capture(target, train_ex, taps, cache), capture(target, eval_ex, taps, cache)
 
 
 # --- initialisation --------------------------------------------------------------
@@ -194,87 +170,6 @@ def init_from_target(model: DFlashModel, target) -> None:
     model.norm.weight.copy_(target.final_norm.weight)
 
 
-# --- the loop (shared with DSpark) -------------------------------------------------
-
-
-def train_loop(model, loss_fn, train_feats, eval_feats, out_dir: Path, state_file: Path, save, steps: int, lr: float,
-               budget_s: float | None, num_anchors: int, seed: int = 0, log_every: int = 25, save_every: int = 100):
-    """Resumable AdamW loop, one example per step; `save(model, out_dir)` writes the checkpoint.
-
-    loss_fn(model, features, anchors) -> (loss, {"acc": [B], ...}).
-    State (weights, optimiser, step) lives in `state_file` (under
-    $SPECDEC_CACHE/train/, out of the shipped folder); a new run with the same
-    out_dir continues from it. Returns {"history": [(loss, acc)], "eval_acc": [B]}.
-    """
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    step = 0
-    if state := load_state(state_file):
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-    warmup = min(50, steps // 10)
-
-    def lr_at(s):
-        if s < warmup:
-            return lr * (s + 1) / warmup
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup)))))
-
-    gen = torch.Generator().manual_seed(seed + step)
-    start, history = time.perf_counter(), []
-    model.train()
-    while step < steps:
-        if budget_s is not None and time.perf_counter() - start > budget_s:
-            print(f"time budget reached at step {step}")
-            break
-        feats = train_feats[int(torch.randint(len(train_feats), (1,), generator=gen))]
-        anchors = sample_anchors(feats.loss_mask, num_anchors, gen)
-        if len(anchors) == 0:
-            continue
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        loss, metrics = loss_fn(model, feats, anchors)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        history.append((loss.item(), metrics["acc"]))
-        if step % log_every == 0:
-            recent = history[-log_every:]
-            acc = torch.nanmean(torch.stack([a for _, a in recent]), dim=0)
-            print(f"step {step} loss {sum(l for l, _ in recent) / len(recent):.3f} "
-                  f"slot acc {' '.join(f'{a:.2f}' for a in acc[:8].tolist())} "
-                  f"({time.perf_counter() - start:.0f}s)", flush=True)
-        if step % save_every == 0:
-            _save_state(model, opt, step, state_file, save, out_dir)
-    _save_state(model, opt, step, state_file, save, out_dir)
-    eval_acc = evaluate(model, loss_fn, eval_feats, num_anchors, seed)
-    print(f"held-out slot accuracy {' '.join(f'{a:.2f}' for a in eval_acc[:8].tolist())}")
-    return {"history": history, "eval_acc": eval_acc, "steps": step}
-
-
-@torch.no_grad()
-def evaluate(model, loss_fn, feats, num_anchors: int, seed: int = 0) -> torch.Tensor:
-    """Mean per-slot top-1 accuracy over held-out examples (fixed anchors) -> [B]."""
-    model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    accs = []
-    for f in feats:
-        anchors = sample_anchors(f.loss_mask, num_anchors, gen)
-        if len(anchors):
-            accs.append(loss_fn(model, f, anchors)[1]["acc"])
-    return torch.nanmean(torch.stack(accs), dim=0) if accs else torch.full((model.block_size,), float("nan"))
-
-
-def _save_state(model, opt, step, state_file, save, out_dir):
-    save_state(state_file, model=model.state_dict(), opt=opt.state_dict(), step=step)
-    model.eval()
-    save(model, out_dir)
-    model.train()
-
-
 def frozen_parts(target):
     """The target's embedding and LM head as frozen fp32 functions (the draft trains in fp32)."""
     w_embed = target.embed_tokens.weight.detach().float()  # [V, H]
@@ -282,19 +177,48 @@ def frozen_parts(target):
     return (lambda ids: F.embedding(ids, w_embed)), (lambda h: h @ w_head.T)
 
 
-def state_file_for(target, out_dir) -> Path:
-    return default_dir(target.name).parent.parent / "train" / Path(out_dir).name / "train_state.pt"
+
+# --- training: data -> loss -> the loop (shared with DSpark) -----------------------------------
 
 
-def train_dflash(target, out_dir, data_dir=None, layers=1, block_size=16, steps=3000, lr=1e-3,
-                 budget_s=None, num_anchors=16, gamma=4.0, seed=0, init=True,
-                 loss_slots: int | None = None) -> tuple[DFlashModel, dict]:
-    """Train (or resume) a DFlash drafter; the z-lab checkpoint goes to out_dir. -> (model, log).
+def block_step(train_feats, num_anchors: int, example_loss):
+    """The loop's loss for a block drafter: one random example per step, up to `num_anchors` random anchors in it.
+
+    example_loss(features, anchors) -> (loss, {"acc": [B], ...}).
+    """
+    def loss(step, generator):
+        f = train_feats[int(torch.randint(len(train_feats), (1,), generator=generator))]
+        anchors = sample_anchors(f.loss_mask, num_anchors, generator)
+        if len(anchors) == 0:
+            return None, {"tokens": len(f.ids)}
+        value, metrics = example_loss(f, anchors)
+        return value, {**metrics, "tokens": len(f.ids)}
+
+    return loss
+
+
+@torch.no_grad()
+def evaluate(example_loss, feats, num_anchors: int, block_size: int, seed: int = 0) -> torch.Tensor:
+    """Mean per-slot top-1 accuracy over held-out examples (fixed anchors) -> [B]."""
+    gen = torch.Generator().manual_seed(seed)
+    accs = []
+    for f in feats:
+        anchors = sample_anchors(f.loss_mask, num_anchors, gen)
+        if len(anchors):
+            accs.append(example_loss(f, anchors)[1]["acc"])
+    return torch.nanmean(torch.stack(accs), dim=0) if accs else torch.full((block_size,), float("nan"))
+
+
+def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: float = 1e-3,
+          budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
+          loss_slots: int | None = None, work_dir=None, data_dir=None, progress: bool = True,
+          log=print) -> tuple[DFlashModel, Run]:
+    """Train (or resume) a DFlash drafter on the target's answers. -> (model, Run).
 
     loss_slots: train slots 1..loss_slots only (default: the whole block).
     """
-    train_feats, eval_feats = load_features(target, data_dir)
     taps = shared_taps(target)
+    data = training_data(target, taps, data_dir=data_dir, progress=progress)
     torch.manual_seed(seed)
     cfg = draft_config(target, num_layers=layers, block_size=block_size, target_layer_ids=[t - 1 for t in taps])
     model = DFlashModel(cfg).float()
@@ -302,59 +226,54 @@ def train_dflash(target, out_dir, data_dir=None, layers=1, block_size=16, steps=
         init_from_target(model, target)
     embed, lm_head = frozen_parts(target)
 
-    def loss_fn(m, f, anchors):
-        return dflash_loss(m, embed, lm_head, f.taps.float(), f.ids, f.loss_mask, anchors, gamma, loss_slots)
+    def example_loss(f, anchors):
+        return dflash_loss(model, embed, lm_head, f.taps.float(), f.ids, f.loss_mask, anchors, gamma, loss_slots)
 
-    log = train_loop(model, loss_fn, train_feats, eval_feats, Path(out_dir), state_file_for(target, out_dir),
-                     save_dflash, steps, lr, budget_s, num_anchors, seed)
-    return model, log
+    config = {"layers": layers, "block_size": block_size, "num_anchors": num_anchors, "gamma": gamma,
+              "loss_slots": loss_slots, "taps": list(taps), "init_from_target": init}
+    run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
+                     work_dir_for(target.name, "dflash", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
+                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, num_anchors, block_size, seed)},
+                     seed=seed, config=config, data=data.record, progress=progress, log=log)
+    return model, run
 
 
-def main(argv=None) -> int:
-    from ..target import load
+# --- export ------------------------------------------------------------------------------------
 
-    p = argparse.ArgumentParser(description="Train a DFlash drafter on the target's own responses.")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default=None, help="dataset folder (default: $SPECDEC_CACHE/data/<model>)")
-    p.add_argument("--out", required=True,
-                   help="checkpoint folder (z-lab format); the resumable state goes under $SPECDEC_CACHE/train/")
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--anchors", type=int, default=16)
-    p.add_argument("--target-dtype", default="bf16", help="dtype of the target that computes the taps (cached per dtype)")
-    p.add_argument("--gamma", type=float, default=4.0)
+
+def export(model: DFlashModel, target, out_dir, run: Run, command: str | None = None) -> Path:
+    """The z-lab-format folder (config.json + model.safetensors, bf16) and recipe.json beside it."""
+    return export_folder(out_dir, lambda tmp: save_dflash(model, tmp), recipe(run, "dflash", target, command))
+
+
+# --- the command line: specdec train dflash --------------------------------------------------------
+
+DEFAULTS = {"steps": 3000, "lr": 1e-3}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16",
+                   help="dtype of the target that computes the taps (cached per dtype)")
+    p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    p.add_argument("--block-size", type=int, default=16, help="B: the block drafts up to B-1 tokens")
+    p.add_argument("--anchors", type=int, default=16, help="blocks per example and step")
+    p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-(k-1)/gamma)")
     p.add_argument("--loss-slots", type=int, default=None, help="train slots 1..N only (default: the whole block)")
-    p.add_argument("--budget-min", type=float, default=None)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    target = load(a.model, dtype=a.target_dtype, device="cpu")
-    train_dflash(target, a.out, a.data, a.layers, a.block_size, a.steps, a.lr,
-                 a.budget_min * 60 if a.budget_min else None, a.anchors, a.gamma, a.seed, loss_slots=a.loss_slots)
-    return 0
 
 
-def cli(args) -> int:
-    """`specdec train dflash`: the same recipe with the shared `train` arguments (sizes at their defaults)."""
-    return run_from_cli(args, "dflash", train_dflash, "z-lab-format")
-
-
-def run_from_cli(args, method: str, train_fn, format_name: str) -> int:
-    """`specdec train <method>` for the block drafters: load the target, train until the budget is spent."""
+def cli(args, command: str) -> Path:
     from ..target import load
 
-    if args.budget_minutes is None and args.steps is None:
-        raise ValueError("Give a budget: --budget-minutes N or --steps N (training runs until one is spent).")
-    target = load(args.target, dtype=args.dtype, device=args.device)
-    out = args.out or f"{method}-{Path(str(args.target)).name}"
-    train_fn(target, out, args.data_dir, steps=args.steps or 100_000, lr=args.lr,
-             budget_s=args.budget_minutes * 60 if args.budget_minutes else None, seed=args.seed)
-    print(f"{format_name} {method} drafter written to {out}")
-    return 0
+    target = load(args.target, dtype=args.dtype, device="cpu")
+    model, run = train(target, args.layers, args.block_size, args.steps, args.lr, args.budget_min, args.anchors,
+                       args.gamma, args.seed, loss_slots=args.loss_slots, work_dir=args.work_dir,
+                       data_dir=args.data_dir, progress=not args.no_progress)
+    return export(model, target, args.out or shipped_folder("dflash", target.name), run, command)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m specdec_learn.train.dflash ... is specdec train dflash ...
+    import sys
+
+    from ..cli import main
+
+    raise SystemExit(main(["train", "dflash", *sys.argv[1:]]))

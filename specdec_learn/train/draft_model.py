@@ -23,10 +23,10 @@ a 256-wide table can hold. The LM head is tied to E_draft, as in SmolLM2.
 The loss is cross-entropy on the target's answers (sequence-level
 distillation: the data *is* what the target said), response tokens only.
 
-    python -m specdec_learn.train.draft_model --target smollm2-135m --budget-min 15
+    specdec train draft_model --target smollm2-135m --steps 1500 --budget-min 15
 
-Resumable (state under ``$SPECDEC_CACHE/train/draft-<target>/``). The shipped
-checkpoint (``specdec_learn/checkpoints/draft-<target>/``, bf16) holds the
+Resumable (train/loop.py: the state lives under ``$SPECDEC_CACHE/train/draft-<target>/``).
+The shipped checkpoint (``specdec_learn/checkpoints/draft-<target>/``, bf16) holds the
 layers and P, not the 49,152-row table; `checkpoints.materialize`
 rebuilds a complete HF folder from it and the target's embedding, which our
 loop, HF ``generate(assistant_model=...)`` and vLLM's ``draft_model`` load.
@@ -34,10 +34,7 @@ loop, HF ``generate(assistant_model=...)`` and vLLM's ``draft_model`` load.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -45,9 +42,9 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..checkpoints import shipped_folder, write_draft_delta
-from .data import training_split, work_dir_for
+from .data import training_data, work_dir_for
+from .loop import RECIPE, Budget, Run, export as export_folder, recipe, train_loop
 from .projected import ProjectedTable, principal_directions
-from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 
 def student_config(target_config, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
@@ -80,51 +77,12 @@ class Student(torch.nn.Module):
         return F.cross_entropy(logits, labels), float((logits.argmax(-1) == labels).float().mean())
 
 
-def train(target, steps: int, batch: int = 8, lr: float = 2e-3, budget_s: float | None = None,
-          save_every: int = 25, work_dir=None, data_dir=None, seed: int = 0, log=print, **shape) -> tuple[Student, int]:
-    name = Path(str(target.name)).name
-    work_dir = work_dir_for(name, "draft", work_dir)
-    examples, held_out = training_split(name, data_dir)
-    torch.manual_seed(seed)
-    student = Student(target.model.get_input_embeddings().weight.detach(), student_config(target.model.config, **shape))
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
-    state_file, step = work_dir / "state.pt", 0
-    if saved := load_state(state_file, log):
-        student.load_state_dict(saved["student"]), opt.load_state_dict(saved["opt"])
-        step = saved["step"]
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    t0 = time.perf_counter()
-    student.train()
-    while step < steps and (budget_s is None or time.perf_counter() - t0 < budget_s):
-        set_lr(opt, warmup_cosine(step, steps, lr))
-        table = student.table()  # once per step: its backward into P is the step's largest matmul
-        total, accs = 0.0, []
-        for j in range(batch):
-            ex = examples[order[(step * batch + j) % len(order)]]
-            loss, acc = student.loss(torch.tensor(ex.input_ids), torch.tensor(ex.loss_mask), table)
-            total = total + loss / batch
-            accs.append(acc)
-        opt.zero_grad()
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 10 == 0:
-            log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(total.detach()):.3f} acc {sum(accs) / len(accs):.2f}")
-        if step % save_every == 0:
-            save_state(state_file, student=student.state_dict(), opt=opt.state_dict(), step=step)
-    save_state(state_file, student=student.state_dict(), opt=opt.state_dict(), step=step)
-    student.eval()
-    return student, step
-
-
 @torch.no_grad()
 def evaluate(student: Student, examples) -> float:
     """Held-out teacher-forced top-1 agreement with the target's greedy answers (~ first-draft acceptance)."""
     table, hits, total = student.table(), 0.0, 0
     for ex in examples:
-        if ex.variant != "greedy":
+        if ex.variant != "greedy":  # a sampled answer's token is often not the target's argmax
             continue
         ids, mask = torch.tensor(ex.input_ids), torch.tensor(ex.loss_mask)
         _, acc = student.loss(ids, mask, table)
@@ -133,35 +91,73 @@ def evaluate(student: Student, examples) -> float:
     return round(hits / max(total, 1), 3)
 
 
-def main(argv=None):
+# --- training: data -> loss -> the loop ------------------------------------------------------
+
+
+def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_min: float | None = None,
+          save_every: int = 25, work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print,
+          **shape) -> tuple[Student, Run]:
+    """A narrow student (`student_config(**shape)`) distilled on the target's answers; resumes. -> (Student, Run)."""
+    data = training_data(target, data_dir=data_dir, states=False)  # the tokens alone: no target forward
+    torch.manual_seed(seed)
+    student = Student(target.model.get_input_embeddings().weight.detach(), student_config(target.model.config, **shape))
+    order = list(range(len(data.train)))
+    random.Random(seed).shuffle(order)
+
+    def loss(step, generator):
+        table = student.table()  # once per step: its backward into P is the step's largest matmul
+        total, accs, tokens = 0.0, [], 0
+        for j in range(batch):
+            f = data.train[order[(step * batch + j) % len(order)]]
+            value, acc = student.loss(f.ids, f.loss_mask, table)
+            total, tokens = total + value / batch, tokens + len(f.ids)
+            accs.append(acc)
+        return total, {"acc": [sum(accs) / len(accs)], "tokens": tokens}
+
+    config = {"batch": batch, **{k: v for k, v in student.llama.config.to_dict().items()
+                                 if k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "num_key_value_heads", "intermediate_size")}}
+    run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "draft_model", work_dir),
+                     lr=lr, weight_decay=0.01, evaluate=lambda: {"acc": [evaluate(student, data.held_out)]},
+                     save_every=save_every, log_every=10, seed=seed, config=config, data=data.record,
+                     progress=progress, log=log)
+    return student, run
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export(student: Student, target, out_dir, run: Run, command: str | None = None) -> Path:
+    """Layers, norm and P in bf16, without the table (`checkpoints.materialize` rebuilds it), and recipe.json."""
+    return export_folder(out_dir, lambda tmp: write_draft_delta(student.llama, student.table.proj, tmp, target.name,
+                                                                {"recipe": RECIPE}),
+                         recipe(run, "draft_model", target, command))
+
+
+# --- the command line: specdec train draft_model ---------------------------------------------------
+
+DEFAULTS = {"steps": 1500, "lr": 2e-3}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--batch", type=int, default=8, help="examples per step")
+    p.add_argument("--hidden", type=int, default=256, help="the student's width (its MLP is 3x that)")
+    p.add_argument("--layers", type=int, default=4, help="the student's decoder layers")
+
+
+def cli(args, command: str) -> Path:
     from ..target import load
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m")
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch", type=int, default=8, help="examples per step")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--budget-min", type=float, default=None, help="stop after this many minutes (resumable)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="export folder (default: checkpoints/draft-<target>)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target = load(args.target, dtype="fp32", device="cpu")
-    student, step = train(target, args.steps, args.batch, args.lr, args.budget_min * 60 if args.budget_min else None,
-                          hidden=args.hidden, layers=args.layers, intermediate=3 * args.hidden)
-    _, held_out = training_split(Path(args.target).name)
-    accuracy = evaluate(student, held_out)
-    print(f"held-out top-1 agreement with the target's greedy answers: {accuracy}")
-    info = {"target": Path(args.target).name, "steps": step, "batch": args.batch, "lr": args.lr,
-            "held_out_top1": accuracy,
-            "command": f"python -m specdec_learn.train.draft_model --target {args.target} --steps {args.steps} "
-                       f"--budget-min {args.budget_min} --threads {args.threads}"}
-    out = write_draft_delta(student.llama, student.table.proj, args.out or shipped_folder("draft_model", args.target),
-                           args.target, info)
-    print(json.dumps({"exported": str(out), "steps": step}))
+    target = load(args.target, dtype="fp32", device="cpu")  # only its embedding is read, in fp32
+    student, run = train(target, args.steps, args.batch, args.lr, args.budget_min, work_dir=args.work_dir,
+                         data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress, hidden=args.hidden,
+                         layers=args.layers, intermediate=3 * args.hidden)
+    return export(student, target, args.out or shipped_folder("draft_model", target.name), run, command)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m specdec_learn.train.draft_model ... is specdec train draft_model ...
+    import sys
+
+    from ..cli import main
+
+    raise SystemExit(main(["train", "draft_model", *sys.argv[1:]]))

@@ -20,32 +20,34 @@ changes:
   final norm and LM head, and 1 - TV(q, p) = Σ min(p, q) is exactly the
   chance that a draft sampled from q is accepted by the rejection sampler.
 
-    python -m specdec_learn.train.dspark --out specdec_learn/checkpoints/dspark-smollm2-135m \
-        --layers 1 --block-size 7 --markov-rank 32 --steps 2000 --budget-min 30 --threads 1
+Data, anchors, the loop and the export are DFlash's (train/dflash.py,
+train/loop.py); this file is the loss.
+
+    specdec train dspark --layers 1 --block-size 7 --markov-rank 32 --steps 2000 --budget-min 30 --threads 1
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..checkpoints import shipped_folder
 from ..drafters.dspark import DSparkModel, dspark_config, save_dspark
+from .data import training_data, work_dir_for
 from .dflash import (
     block_hidden,
     block_labels,
+    block_step,
+    evaluate,
     frozen_parts,
     init_from_target,
-    load_features,
     position_weights,
-    run_from_cli,
     shared_taps,
     slot_accuracy,
-    state_file_for,
-    train_loop,
 )
+from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 
 def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_mask, anchors,
@@ -79,11 +81,15 @@ def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_
     return loss, {"acc": slot_accuracy(logits, labels, valid), "tv": tv.mean()}
 
 
-def train_dspark(target, out_dir, data_dir=None, layers=1, block_size=7, markov_rank=32, steps=2000, lr=1e-3,
-                 budget_s=None, num_anchors=16, gamma=4.0, seed=0, init=True) -> tuple[DSparkModel, dict]:
-    """Train (or resume) a DSpark drafter (speculators format, in out_dir). -> (model, log)."""
-    train_feats, eval_feats = load_features(target, data_dir)
+# --- training: data -> loss -> the loop -------------------------------------------------------
+
+
+def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, steps: int = 2000, lr: float = 1e-3,
+          budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
+          work_dir=None, data_dir=None, progress: bool = True, log=print) -> tuple[DSparkModel, Run]:
+    """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run)."""
     taps = shared_taps(target)
+    data = training_data(target, taps, data_dir=data_dir, progress=progress)
     torch.manual_seed(seed)
     cfg = dspark_config(target, num_layers=layers, block_size=block_size, markov_rank=markov_rank,
                         target_layer_ids=[t - 1 for t in taps])
@@ -95,49 +101,55 @@ def train_dspark(target, out_dir, data_dir=None, layers=1, block_size=7, markov_
         init_from_target(model, target)
     embed, lm_head = frozen_parts(target)
 
-    def loss_fn(m, f, anchors):
-        return dspark_loss(m, embed, lm_head, f.taps.float(), f.last, f.ids, f.loss_mask, anchors, gamma)
+    def example_loss(f, anchors):
+        return dspark_loss(model, embed, lm_head, f.taps.float(), f.last, f.ids, f.loss_mask, anchors, gamma)
 
-    log = train_loop(model, loss_fn, train_feats, eval_feats, Path(out_dir), state_file_for(target, out_dir),
-                     save_checkpoint, steps, lr, budget_s, num_anchors, seed)
-    return model, log
+    config = {"layers": layers, "block_size": block_size, "markov_rank": markov_rank, "num_anchors": num_anchors,
+              "gamma": gamma, "taps": list(taps), "init_from_target": init}
+    run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
+                     work_dir_for(target.name, "dspark", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
+                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, num_anchors, block_size, seed)},
+                     seed=seed, config=config, data=data.record, progress=progress, log=log)
+    return model, run
 
 
-def save_checkpoint(model, out_dir):
-    save_dspark(model, out_dir, format="speculators")
+# --- export ------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def export(model: DSparkModel, target, out_dir, run: Run, command: str | None = None) -> Path:
+    """The speculators-format folder (config.json + model.safetensors, bf16) and recipe.json beside it."""
+    return export_folder(out_dir, lambda tmp: save_dspark(model, tmp, format="speculators"),
+                         recipe(run, "dspark", target, command))
+
+
+# --- the command line: specdec train dspark --------------------------------------------------------
+
+DEFAULTS = {"steps": 2000, "lr": 1e-3}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16",
+                   help="dtype of the target that computes the taps (cached per dtype)")
+    p.add_argument("--layers", type=int, default=1, help="draft decoder layers")
+    p.add_argument("--block-size", type=int, default=7, help="B: the block drafts up to B tokens")
+    p.add_argument("--markov-rank", type=int, default=32, help="rank of the Markov head's bias (0: none)")
+    p.add_argument("--anchors", type=int, default=16, help="blocks per example and step")
+    p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-k/gamma)")
+
+
+def cli(args, command: str) -> Path:
     from ..target import load
 
-    p = argparse.ArgumentParser(description="Train a DSpark drafter on the target's own responses.")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default=None, help="dataset folder (default: $SPECDEC_CACHE/data/<model>)")
-    p.add_argument("--out", required=True,
-                   help="checkpoint folder (speculators format); the resumable state goes under $SPECDEC_CACHE/train/")
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=7)
-    p.add_argument("--markov-rank", type=int, default=32)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--anchors", type=int, default=16)
-    p.add_argument("--target-dtype", default="bf16", help="dtype of the target that computes the taps (cached per dtype)")
-    p.add_argument("--gamma", type=float, default=4.0)
-    p.add_argument("--budget-min", type=float, default=None)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    target = load(a.model, dtype=a.target_dtype, device="cpu")
-    train_dspark(target, a.out, a.data, a.layers, a.block_size, a.markov_rank, a.steps, a.lr,
-                 a.budget_min * 60 if a.budget_min else None, a.anchors, a.gamma, a.seed)
-    return 0
+    target = load(args.target, dtype=args.dtype, device="cpu")
+    model, run = train(target, args.layers, args.block_size, args.markov_rank, args.steps, args.lr, args.budget_min,
+                       args.anchors, args.gamma, args.seed, work_dir=args.work_dir, data_dir=args.data_dir,
+                       progress=not args.no_progress)
+    return export(model, target, args.out or shipped_folder("dspark", target.name), run, command)
 
 
-def cli(args) -> int:
-    """`specdec train dspark`: the same recipe with the shared `train` arguments (sizes at their defaults)."""
-    return run_from_cli(args, "dspark", train_dspark, "speculators-format")
+if __name__ == "__main__":  # python -m specdec_learn.train.dspark ... is specdec train dspark ...
+    import sys
 
+    from ..cli import main
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["train", "dspark", *sys.argv[1:]]))

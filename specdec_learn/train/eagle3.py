@@ -1,9 +1,9 @@
 """Training an EAGLE-3 drafter on a laptop CPU: training-time test, AdamW, resumable.
 
-    examples = data.load_examples(data_dir)              # the target's own answers
-    features = capture(target, examples, taps)           # fused-tap inputs + target distributions
-    draft_ids = choose_draft_vocab(examples, V_d)        # most frequent response tokens
-    train(target, model, features, cfg)                  # TTT loss, AdamW, checkpoints, tqdm
+    data = training_data(target, taps)                   # the target's answers, their taps and distributions
+    draft_ids = choose_draft_vocab(data.examples, V_d)   # most frequent response tokens
+    run = fit(target, model, data.train, data.eval, cfg, work_dir)   # the TTT loss through train/loop.py
+    export(model, target, out_dir, run)                  # speculators format + recipe.json
 
 Training-time test (TTT). At inference the drafter's step i > 0 reads its OWN
 previous output instead of a target state. Training unrolls the same thing:
@@ -13,36 +13,39 @@ Row t at step i sits at position t + i, so it attends to the step-0 keys of
 rows <= t (causal) and to its OWN keys of steps 1..i (a diagonal): exactly the
 keys it would see while drafting. The loss of step i is the cross-entropy
 against the target's distribution over the draft vocabulary, weighted 0.8^i.
+
+    specdec train eagle3 --target smollm2-135m --draft-vocab 4096 --ttt-steps 4 --steps 2000 --budget-min 38
+
+Resumable (train/loop.py: the state and the draft vocabulary live under
+``$SPECDEC_CACHE/train/eagle3-<target>/``); the drafter goes to
+``specdec_learn/checkpoints/eagle3-<target>/`` in the speculators format.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from ..drafters.eagle3 import Eagle3Model, save_eagle3
-from .data import Example, Features, capture
+from ..checkpoints import shipped_folder
+from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
+from .data import Example, Features, training_data, work_dir_for
+from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
 
 
 @dataclass
 class TrainConfig:
     ttt_steps: int = 3  # unrolled drafting steps per position
     decay: float = 0.8  # weight of step i is decay**i
-    lr: float = 5e-4
+    lr: float = 1e-3
     weight_decay: float = 0.01
-    warmup_steps: int = 50
     tokens_per_batch: int = 1024  # rows packed into one optimiser step
-    max_steps: int | None = None
-    budget_minutes: float | None = None  # stop (and save) after this much training time
-    max_epochs: int = 100
+    steps: int = 2000  # the step budget (and the schedule's horizon)
+    budget_min: float | None = None  # stop (and save) after this much training time
     eval_every: int = 150  # a held-out pass costs about a tenth of 150 steps
     save_every: int = 50
     seed: int = 0
@@ -67,7 +70,14 @@ def choose_draft_vocab(examples: list[Example], size: int, vocab_size: int, alwa
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
-# --- features: what the target gives each example ----------------------------------------
+def draft_vocabulary(examples: list[Example], size: int, target, work_dir) -> torch.Tensor:
+    """The run's draft vocabulary, chosen once and kept in the work dir: a resumed run keeps it even on grown data."""
+    file = Path(work_dir) / "draft_ids.pt"
+    if file.exists() and len(kept := read_saved(file)) == size:
+        return kept
+    draft_ids = choose_draft_vocab(examples, size, target.vocab_size, always=sorted(target.eos_ids))
+    save_state(file, draft_ids)
+    return draft_ids
 
 
 # --- the TTT forward and loss -----------------------------------------------------------
@@ -165,76 +175,48 @@ def ttt_attention(layer, q, keys, values, step0_mask):
     return layer.self_attn.o_proj(a.transpose(0, 1).reshape(q.shape[1], -1))  # [N, H]
 
 
-# --- the loop ---------------------------------------------------------------------------
+# --- the loop: packed batches through train/loop.py -------------------------------------------
 
 
-def train(target, model: Eagle3Model, train_feats, eval_feats, cfg: TrainConfig, out_dir, progress=True) -> dict:
-    """AdamW on the TTT loss until max_steps / budget; checkpoints in out_dir (resumes from them)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def batches(features: list[Features], cfg: TrainConfig):
+    """step -> its packed batch: epoch after epoch, each shuffled by seed + epoch (so any step can be found again)."""
+    epochs: list[list[list[Features]]] = []
+
+    def batch_at(step: int) -> list[Features]:
+        epoch, first = 0, 0
+        while True:
+            if epoch == len(epochs):
+                epochs.append(pack(features, cfg.tokens_per_batch, torch.Generator().manual_seed(cfg.seed + epoch)))
+            if step < first + len(epochs[epoch]):
+                return epochs[epoch][step - first]
+            first, epoch = first + len(epochs[epoch]), epoch + 1
+
+    return batch_at
+
+
+def fit(target, model: Eagle3Model, train_feats, eval_feats, cfg: TrainConfig, work_dir, data: dict | None = None,
+        config: dict | None = None, progress: bool = True, log=print) -> Run:
+    """AdamW on the TTT loss through the shared loop, resuming from work_dir; the target's embedding stays frozen."""
     torch.manual_seed(cfg.seed)
-    model.train()
-    params = [p for n, p in model.named_parameters() if not n.startswith("embed_tokens")]  # embedding frozen
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    state_path = out_dir / "train_state.pt"
-    step, epoch, history = 0, 0, []
-    if state_path.exists():  # resume
-        state = torch.load(state_path)
-        model.load_state_dict(state["model"], strict=False)
-        opt.load_state_dict(state["optimizer"])
-        step, epoch, history = state["step"], state["epoch"], state["history"]
-        print(f"resuming from step {step} (epoch {epoch})")
     embed = target.embed_tokens
     with torch.no_grad():
         target_head = target.lm_head.weight[model.draft_to_target].to(model.fc.weight.dtype)  # [V_d, H]
-    generator = torch.Generator().manual_seed(cfg.seed + epoch)
-    start = time.perf_counter()
-    budget_s = cfg.budget_minutes * 60 if cfg.budget_minutes else None
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="training eagle3", disable=not progress)
+    batch_at = batches(train_feats, cfg)
 
-    def save():
-        torch.save({"model": {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens")},
-                    "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "history": history}, state_path)
+    def loss(step, generator):
+        batch = batch_at(step)
+        with autocast(cfg, target_head.device):
+            value, accs = ttt_loss(model, embed, target_head, batch, cfg)
+        return value, {"acc": accs, "tokens": sum(len(f.ids) for f in batch)}
 
-    done = False
-    while not done and epoch < cfg.max_epochs:
-        for batch in pack(train_feats, cfg.tokens_per_batch, generator):
-            elapsed = time.perf_counter() - start
-            if (cfg.max_steps is not None and step >= cfg.max_steps) or (budget_s is not None and elapsed > budget_s):
-                done = True
-                break
-            # Linear warmup, then (under a time budget) a linear decay to 10 % as the budget runs out.
-            scale = min(1.0, (step + 1) / cfg.warmup_steps)
-            if budget_s is not None:
-                scale *= max(0.1, 1 - elapsed / budget_s)
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * scale
-            with autocast(cfg, target_head.device):
-                loss, accs = ttt_loss(model, embed, target_head, batch, cfg)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            step += 1
-            history.append({"step": step, "loss": loss.item(), "acc": accs})
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.2f}")
-            if eval_feats and step % cfg.eval_every == 0:
-                history[-1]["eval"] = evaluate(model, embed, target_head, eval_feats, cfg)
-                bar.write(f"step {step}: held-out step accuracies {fmt(history[-1]['eval']['acc'])}")
-            if step % cfg.save_every == 0:
-                save()
-        else:
-            epoch += 1
-            generator = torch.Generator().manual_seed(cfg.seed + epoch)
-    bar.close()
-    result = {"steps": step, "epochs": epoch, "train_minutes": (time.perf_counter() - start) / 60}
-    if eval_feats:
-        result["eval"] = evaluate(model, embed, target_head, eval_feats, cfg)
-        history.append({"step": step, "eval": result["eval"]})
-    save()
-    model.eval()
-    return result
+    def held_out():
+        return evaluate(model, embed, target_head, eval_feats, cfg)
+
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("lr", "weight_decay", "steps", "budget_min", "seed")}
+    return train_loop(model, loss, Budget(cfg.steps, cfg.budget_min), work_dir, lr=cfg.lr,
+                      weight_decay=cfg.weight_decay, evaluate=held_out if eval_feats else None,
+                      eval_every=cfg.eval_every, save_every=cfg.save_every, log_every=25, seed=cfg.seed,
+                      config={**settings, **(config or {})}, data=data, progress=progress, log=log)
 
 
 @torch.no_grad()
@@ -260,78 +242,63 @@ def autocast(cfg: TrainConfig, device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
 
 
-def fmt(xs) -> str:
-    return " ".join(f"{x:.3f}" for x in xs)
+# --- training: data -> vocabulary -> features -> loss -> the loop ---------------------------------
 
 
-def write_checkpoint(model, out_dir, target_name: str, recipe: dict, dtype=torch.float16) -> Path:
-    """The shippable drafter (speculators format) + recipe.json describing how it was made."""
-    path = save_eagle3(model, out_dir, dtype=dtype, verifier=target_name)
-    (Path(out_dir) / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
-    return path
-
-
-# --- the whole recipe -------------------------------------------------------------------------
-
-
-def run(
-    target,
-    data_dir=None,
-    out_dir=None,
-    draft_vocab: int = 4096,
-    generate_minutes: float = 0.0,
-    max_new_tokens: int = 160,
-    cfg: TrainConfig | None = None,
-    progress: bool = True,
-) -> dict:
-    """Data -> draft vocabulary -> captured taps -> TTT training -> a speculators-format drafter in out_dir.
-
-    Every stage resumes: generation skips answered prompts, capture skips cached
-    examples, training continues from out_dir/work/train_state.pt.
-    """
-    from ..drafters.eagle3 import default_taps, new_eagle3
-    from . import data
-
+def train(target, cfg: TrainConfig | None = None, draft_vocab: int = 4096, data_dir=None, work_dir=None,
+          progress: bool = True, log=print) -> tuple[Eagle3Model, Run]:
+    """Data -> draft vocabulary -> captured taps -> TTT training (resumable). -> (model, Run)."""
     cfg = cfg or TrainConfig()
-    data_dir = Path(data_dir or data.default_dir(target.name))
-    out_dir = Path(out_dir or Path("eagle3-" + Path(str(target.name)).name))
-    work = out_dir / "work"
-    if generate_minutes > 0:
-        data.build_dataset(target, data_dir, data.training_prompts(), max_new_tokens=max_new_tokens,
-                           budget_s=generate_minutes * 60, progress=progress)
-    examples = data.load_examples(data_dir)
-    if not examples:
-        raise ValueError(f"No training examples in {data_dir}: run with generate_minutes > 0 (CLI: --generate-minutes).")
-    data.check_no_benchmark_prompts_by_id([ex.id for ex in examples])
-    train_ex, eval_ex = data.split_examples(examples)
-
-    vocab_path = work / "draft_ids.pt"
-    if vocab_path.exists():  # keep the vocabulary of a run being resumed
-        draft_ids = torch.load(vocab_path)
-    else:
-        draft_ids = choose_draft_vocab(train_ex, draft_vocab, target.vocab_size, always=sorted(target.eos_ids))
-        work.mkdir(parents=True, exist_ok=True)
-        torch.save(draft_ids, vocab_path)
-    kept = set(draft_ids.tolist())
-    response = [t for ex in train_ex for t, m in zip(ex.input_ids, ex.loss_mask) if m]
-    coverage = sum(t in kept for t in response) / max(len(response), 1)
-    print(f"{len(train_ex)} training / {len(eval_ex)} held-out examples, {len(response)} response tokens; "
-          f"draft vocabulary {len(draft_ids)} covers {coverage:.1%} of them")
-
+    work_dir = work_dir_for(target.name, "eagle3", work_dir)
     taps = default_taps(target.num_layers)
-    tap_dtype = str(target.dtype).removeprefix("torch.")
-    cache = data_dir / f"taps-{'-'.join(map(str, taps))}-{str(target.dtype).removeprefix('torch.')}"
-    train_feats = capture(target, train_ex, taps, cache, progress)
-    eval_feats = capture(target, eval_ex, taps, cache, progress)
-
+    data = training_data(target, taps, data_dir=data_dir, progress=progress)
+    draft_ids = draft_vocabulary(data.examples, draft_vocab, target, work_dir)
+    kept = set(draft_ids.tolist())
+    response = [t for ex in data.examples for t, m in zip(ex.input_ids, ex.loss_mask) if m]
+    coverage = sum(t in kept for t in response) / max(len(response), 1)
+    log(f"{len(data.examples)} training / {len(data.held_out)} held-out examples, {len(response)} response tokens; "
+        f"draft vocabulary {len(draft_ids)} covers {coverage:.1%} of them")
     model = new_eagle3(target, draft_ids=draft_ids, taps=taps, seed=cfg.seed).float()
-    result = train(target, model, train_feats, eval_feats, cfg, work, progress)
-    recipe = {
-        "target": str(target.name), "target_dtype_for_taps": tap_dtype, "data_dir": str(data_dir),
-        "num_train_examples": len(train_ex), "num_eval_examples": len(eval_ex),
-        "num_response_tokens": len(response), "draft_vocab_size": len(draft_ids), "draft_vocab_coverage": coverage,
-        "taps": list(taps), "train_config": asdict(cfg), "result": result,
-    }
-    write_checkpoint(model, out_dir, str(target.name), recipe)
-    print(f"drafter written to {out_dir}: {json.dumps(result)}")
-    return recipe
+    config = {"taps": list(taps), "draft_vocab_size": len(draft_ids), "draft_vocab_coverage": coverage,
+              "target_dtype_for_taps": str(target.dtype).removeprefix("torch.")}
+    return model, fit(target, model, data.train, data.eval, cfg, work_dir, data.record, config, progress, log)
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export(model: Eagle3Model, target, out_dir, run: Run, command: str | None = None, dtype=torch.float16) -> Path:
+    """The shippable drafter (speculators format) + recipe.json describing how it was made."""
+    return export_folder(out_dir, lambda tmp: save_eagle3(model, tmp, dtype=dtype, verifier=str(target.name)),
+                         recipe(run, "eagle3", target, command))
+
+
+# --- the command line: specdec train eagle3 ---------------------------------------------------------
+
+DEFAULTS = {"steps": 2000, "lr": 1e-3}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16",
+                   help="dtype of the target that computes the taps (cached per dtype)")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (V_d)")
+    p.add_argument("--ttt-steps", type=int, default=3, help="drafting steps unrolled in training")
+    p.add_argument("--tokens-per-batch", type=int, default=1024, help="text tokens packed into one step")
+
+
+def cli(args, command: str) -> Path:
+    from ..target import load
+
+    target = load(args.target, dtype=args.dtype, device="cpu")
+    cfg = TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, tokens_per_batch=args.tokens_per_batch, steps=args.steps,
+                      budget_min=args.budget_min, seed=args.seed)
+    model, run = train(target, cfg, args.draft_vocab, args.data_dir, args.work_dir, progress=not args.no_progress)
+    return export(model, target, args.out or shipped_folder("eagle3", target.name), run, command)
+
+
+if __name__ == "__main__":  # python -m specdec_learn.train.eagle3 ... is specdec train eagle3 ...
+    import sys
+
+    from ..cli import main
+
+    raise SystemExit(main(["train", "eagle3", *sys.argv[1:]]))

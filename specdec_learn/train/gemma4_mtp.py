@@ -6,8 +6,8 @@ measurements run on SmolLM2 already; a second embedded target would double
 the CPU cost of every comparison without teaching anything new about the
 shared-KV mechanism.
 
-Google has not published the assistant's training objective (methods.md §9,
-open question 6). We train it the way it drafts, teacher-forced:
+Google has not published the assistant's training objective. We train it
+the way it drafts, teacher-forced:
 
 * anchor p (the position of ``last``): step 0 reads ``Emb(x_p)·sqrt(H_b)``
   and the target's post-norm hidden state h_{p-1}; step s > 0 reads the TRUE
@@ -21,44 +21,44 @@ Many anchors of one example run as one batch of queries, each with its own
 mask over the target's K/V: that is what "Q-only attention over a shared
 cache" buys at training time too.
 
-    python -m specdec_learn.train.gemma4_mtp --target smollm2-135m --budget-min 25
+The vocabulary table is learned as E_target·P (train/projected.py), so the
+checkpoint ships P instead of 49,152 rows.
 
-Resumable (state under ``$SPECDEC_CACHE/train/gemma4-assistant-<target>/``);
-the shipped assistant goes to ``specdec_learn/checkpoints/gemma4-assistant-<target>/``
-in the HF ``gemma4_assistant`` format, bf16.
+    specdec train gemma4_mtp --target smollm2-135m --steps 1200 --budget-min 25
+
+Resumable (train/loop.py: the state lives under
+``$SPECDEC_CACHE/train/gemma4-assistant-<target>/``); the assistant goes to
+``specdec_learn/checkpoints/gemma4-assistant-<target>/`` in the HF
+``gemma4_assistant`` format, bf16.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
-from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..checkpoints import shipped_folder, strip_table
-from ..target import DecodeState
-from .data import training_split, work_dir_for
+from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
+from .data import training_data, work_dir_for
+from .loop import Budget, Run, export as export_folder, recipe, train_loop
 from .projected import ProjectedTable
-from .schedule import load_state, save_state, set_lr, warmup_cosine
 
 
+class Student(torch.nn.Module):
+    """The assistant being trained and its table E_target·P (tied embedding and LM head)."""
 
-@torch.no_grad()
-def target_features(target, example):
-    """One target forward: post-norm hidden [T, H_b] and the shared layer's K, V [1, kv, T, d] (bf16)."""
-    ids = example.input_ids
-    state = DecodeState(ids=list(ids), prompt_len=len(ids), cache=DynamicCache(config=target.model.config))
-    L = target.num_layers
-    h = target.final_norm(target.forward(state, ids, (L,), logits=False).hidden[L])
-    layer = state.cache.layers[shared_kv_layers(target)["full_attention"]]
-    return h.to(torch.bfloat16), layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
+    def __init__(self, assistant, table: ProjectedTable):
+        super().__init__()
+        self.assistant, self.table = assistant, table
+
+
+def kv_layer(target) -> int:
+    """The target layer whose K/V the assistant reads (SmolLM2: the last; all its layers are full attention)."""
+    return shared_kv_layers(target)["full_attention"]
 
 
 def init_from_target(assistant, target, seed: int = 0) -> torch.Tensor:
@@ -81,10 +81,14 @@ def init_from_target(assistant, target, seed: int = 0) -> torch.Tensor:
     return R
 
 
+# --- the loss -------------------------------------------------------------------------------
+
+
 def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: float, anchors: int, generator=None,
                    table: torch.Tensor | None = None):
     """Teacher-forced loss at up to `anchors` random anchor positions of one example.
 
+    h [T, H_b] post-norm target states; K, V [1, kv, T, d] the target layer's.
     table: the tied LM head [V, H_d] as E·P while training (default: the assistant's own).
     """
     T = ids.shape[0]
@@ -102,7 +106,7 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
     scale = math.sqrt(H_b)
     state = h[p - 1][None]  # [1, P, H_b]
     weights = [beta**s for s in range(depth)]
-    loss, accs = 0.0, []
+    loss, accs = None, []
     for s in range(depth):
         tok = (p + s).clamp(max=T - 1)
         label_pos = p + s + 1
@@ -116,114 +120,109 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
         if valid.any():
             logits = assistant.lm_head(d[0, valid]) if table is None else d[0, valid] @ table.T  # [r, V]
             labels = ids[label_pos[valid]]
-            loss = loss + weights[s] * F.cross_entropy(logits, labels)
+            term = weights[s] * F.cross_entropy(logits, labels)
+            loss = term if loss is None else loss + term
             accs.append(float((logits.argmax(-1) == labels).float().mean()))
         state = assistant.post_projection(d)  # [1, P, H_b]
-    return loss / sum(weights), accs
+    return (None if loss is None else loss / sum(weights)), accs
 
 
-def train(target, steps: int, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, anchors: int = 48,
-          hidden_size: int = 128, num_layers: int = 4, budget_s=None, save_every: int = 50, work_dir=None,
-          data_dir=None, seed: int = 0, log=print):
-    name = Path(str(target.name)).name
-    work_dir = work_dir_for(name, "gemma4-assistant", work_dir)
-    examples, held_out = training_split(name, data_dir)
-    target.model.requires_grad_(False)
-    assistant = random_assistant(target, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
-                                 num_heads=2 * target.config.num_key_value_heads).float()
-    E = target.embed_tokens.weight.detach().float()  # [V, H_b]
-    table = ProjectedTable(E, init_from_target(assistant, target, seed))
-    assistant.model.embed_tokens.weight.requires_grad_(False)  # tied to lm_head; E·P stands in for both
-    params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    state_file, step = work_dir / "state.pt", 0
-    if saved := load_state(state_file, log):
-        assistant.load_state_dict(saved["assistant"])
-        if "proj" in saved:
-            table.proj.data.copy_(saved["proj"])
-            opt.load_state_dict(saved["opt"])
-        else:  # a state from before the table was E·P: fit P to its table once, fresh optimiser
-            table = ProjectedTable.fit(E, assistant.model.embed_tokens.weight)
-            params = [p for p in assistant.parameters() if p.requires_grad] + [table.proj]
-            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        step = saved["step"]
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    gen = torch.Generator().manual_seed(seed + step)
-    features, t0 = {}, time.perf_counter()
-    assistant.train()
-    while step < steps and (budget_s is None or time.perf_counter() - t0 < budget_s):
-        i = order[step % len(order)]
-        if i not in features:  # one target forward per example, kept for the next epochs
-            features[i] = target_features(target, examples[i])
-        h, K, V = (f.float() for f in features[i])
-        ids = torch.tensor(examples[i].input_ids)
-        mask = torch.tensor(examples[i].loss_mask)
-        set_lr(opt, warmup_cosine(step, steps, lr))
-        loss, accs = assistant_loss(assistant, target, ids, mask, h, K, V, depth, beta, anchors, gen, table())
-        if loss is not None:
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-        step += 1
-        if step % 10 == 0 and loss is not None:
-            log(f"{time.perf_counter() - t0:.0f}s step {step} loss {float(loss.detach()):.3f} "
-                f"acc/step {[round(a, 2) for a in accs]}")
-        if step % save_every == 0:
-            save_state(state_file, assistant=assistant.state_dict(), proj=table.proj.data, opt=opt.state_dict(), step=step)
-    save_state(state_file, assistant=assistant.state_dict(), proj=table.proj.data, opt=opt.state_dict(), step=step)
-    with torch.no_grad():  # the tied embedding / lm_head becomes the table it was trained as
-        assistant.model.embed_tokens.weight.copy_(table())
-    assistant.eval()
-    log(f"held-out teacher-forced accuracy per step: {evaluate(assistant, target, held_out[:20], depth)}")
-    return assistant, step, table.proj.detach()  # P: what the checkpoint ships instead of the table
+def example_loss(assistant, target, f, depth, beta, anchors, generator=None, table=None):
+    """`assistant_loss` over one example's Features (the target's states and K/V, captured once)."""
+    return assistant_loss(assistant, target, f.ids, f.loss_mask, f.last.float(), f.keys.float(), f.values.float(),
+                          depth, beta, anchors, generator, table)
 
 
 @torch.no_grad()
-def evaluate(assistant, target, examples, depth: int) -> list[float]:
-    totals = []
-    for ex in examples:
-        h, K, V = (f.float() for f in target_features(target, ex))
-        ids, mask = torch.tensor(ex.input_ids), torch.tensor(ex.loss_mask)
-        totals.append(assistant_loss(assistant, target, ids, mask, h, K, V, depth, 0.6, 10_000)[1])
+def evaluate(assistant, target, feats, depth: int) -> list[float]:
+    """Teacher-forced top-1 accuracy of each draft step over `feats`, at every anchor (mean over examples)."""
+    totals = [example_loss(assistant, target, f, depth, 0.6, 10_000)[1] for f in feats]
     return [round(sum(a[k] for a in totals if len(a) > k) / max(1, sum(len(a) > k for a in totals)), 3)
             for k in range(depth)]
 
 
-def main(argv=None):
+# --- training: data -> loss -> the loop ------------------------------------------------------
+
+
+def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, anchors: int = 48,
+          hidden_size: int = 128, num_layers: int = 4, budget_min: float | None = None, save_every: int = 50,
+          work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print) -> tuple[Student, Run]:
+    """A fresh assistant (table = E·P), trained on the target's answers; resumes from the work dir.
+
+    -> (Student, Run); the student's assistant holds the table E·P in its tied
+    embedding, and student.table.proj is P, what the checkpoint ships.
+    """
+    data = training_data(target, kv_layer=kv_layer(target), data_dir=data_dir, progress=progress)
+    target.model.requires_grad_(False)
+    assistant = random_assistant(target, seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+                                 num_heads=2 * target.config.num_key_value_heads).float()
+    E = target.embed_tokens.weight.detach().float()  # [V, H_b]
+    student = Student(assistant, ProjectedTable(E, init_from_target(assistant, target, seed)))
+    assistant.model.embed_tokens.weight.requires_grad_(False)  # tied to lm_head; E·P stands in for both
+    order = list(range(len(data.train)))
+    random.Random(seed).shuffle(order)
+
+    def loss(step, generator):
+        f = data.train[order[step % len(order)]]  # one example per step, in a seeded order
+        value, accs = example_loss(assistant, target, f, depth, beta, anchors, generator, student.table())
+        return value, {"acc": accs, "tokens": len(f.ids)}
+
+    def held_out():
+        with torch.no_grad():
+            assistant.model.embed_tokens.weight.copy_(student.table())  # evaluate with the table as trained
+        return {"acc": evaluate(assistant, target, data.eval[:20], depth)}
+
+    config = {"depth": depth, "beta": beta, "anchors": anchors, "hidden_size": hidden_size, "layers": num_layers}
+    run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "gemma4_mtp", work_dir),
+                     lr=lr, evaluate=held_out, save_every=save_every, log_every=10, seed=seed, config=config,
+                     data=data.record, progress=progress, log=log)
+    with torch.no_grad():  # the tied embedding / lm_head becomes the table it was trained as
+        assistant.model.embed_tokens.weight.copy_(student.table())
+    return student, run
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export(student: Student, target, out_dir, run: Run, command: str | None = None) -> Path:
+    """The HF gemma4_assistant folder in bf16, its table replaced by P (`checkpoints.materialize` rebuilds it)."""
+    proj = student.table.proj.detach()
+
+    def write(folder):
+        student.assistant.to(torch.bfloat16).save_pretrained(folder)
+        strip_table(folder, proj)
+
+    out = export_folder(out_dir, write, recipe(run, "gemma4_mtp", target, command))
+    student.assistant.float()
+    return out
+
+
+# --- the command line: specdec train gemma4_mtp ----------------------------------------------------
+
+DEFAULTS = {"steps": 1200, "lr": 1e-3}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--depth", type=int, default=3, help="draft steps trained per anchor")
+    p.add_argument("--beta", type=float, default=0.6, help="step s's loss weight is beta**s")
+    p.add_argument("--anchors", type=int, default=48, help="anchor positions per example and step")
+    p.add_argument("--hidden-size", type=int, default=128, help="the assistant's width")
+    p.add_argument("--layers", type=int, default=4, help="the assistant's decoder layers")
+
+
+def cli(args, command: str) -> Path:
     from ..target import load
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m")
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--depth", type=int, default=3, help="draft steps trained per anchor")
-    p.add_argument("--beta", type=float, default=0.6)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--anchors", type=int, default=48, help="anchor positions per example and step")
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--budget-min", type=float, default=None, help="stop after this many minutes (resumable)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="export folder (default: checkpoints/gemma4-assistant-<target>)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target = load(args.target, dtype="fp32", device="cpu")
-    assistant, step, proj = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
-                            args.layers, budget_s=args.budget_min * 60 if args.budget_min else None)
-    name = Path(args.target).name
-    out = Path(args.out or shipped_folder("gemma4_mtp", name))
-    assistant.to(torch.bfloat16).save_pretrained(out)
-    strip_table(out, proj)  # E·P: the target's embedding rebuilds the 49,152 rows (`checkpoints.materialize`)
-    info = {  # beside config.json, which transformers checks strictly
-        "target": name, "steps": step, "depth": args.depth, "beta": args.beta, "lr": args.lr,
-        "anchors": args.anchors, "hidden_size": args.hidden_size, "layers": args.layers,
-        "command": f"python -m specdec_learn.train.gemma4_mtp --target {args.target} --steps {args.steps} "
-                   f"--budget-min {args.budget_min} --threads {args.threads}",
-    }
-    (out / "training.json").write_text(json.dumps(info, indent=2))
-    print(json.dumps({"exported": str(out), "steps": step}))
+    target = load(args.target, dtype="fp32", device="cpu")  # the loss runs through the target's fp32 embedding
+    student, run = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
+                         args.layers, args.budget_min, work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed,
+                         progress=not args.no_progress)
+    return export(student, target, args.out or shipped_folder("gemma4_mtp", target.name), run, command)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m specdec_learn.train.gemma4_mtp ... is specdec train gemma4_mtp ...
+    import sys
+
+    from ..cli import main
+
+    raise SystemExit(main(["train", "gemma4_mtp", *sys.argv[1:]]))
