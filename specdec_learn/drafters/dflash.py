@@ -22,15 +22,23 @@ What makes it work with only a few layers:
   ``K = [k_proj(C); k_proj(block)]``, ``V = [v_proj(C); v_proj(block)]``: the
   context is never run through the draft layers, it is only looked at.
 * **No causal mask inside the block.** A MASK slot sees the whole block and
-  the whole context (layers marked ``sliding_attention`` in ``layer_types``
-  are causal and windowed, as in z-lab's code).
+  the whole context. Layers marked ``sliding_attention`` in ``layer_types``
+  follow the serving engines (vLLM's ``qwen3_dflash._resolve_layer_attention``,
+  SGLang alike): causal, each query seeing the last ``sliding_window``
+  positions, context and block alike. (z-lab's ``model.py`` hands the window
+  to the attention kernel: transformers' default SDPA ignores it, so there the
+  layers run full and non-causal; flash-attention windows them symmetrically.)
+  A sliding layer without a window, and other layer types, are refused, as vLLM does.
 * **The target's own embedding and LM head**, frozen: the draft owns only
   ``fc``, ``hidden_norm``, its layers and a final ``norm``.
 
 Tap numbering. DFlash's "layer i" is the OUTPUT of target layer i, which is
 tap ``i + 1`` in this library (tap i = the residual stream entering layer i;
 see target.py). A drafter built from ``target_layer_ids=[1, 14, 27]`` reads
-taps (2, 15, 28).
+taps (2, 15, 28). The last layer's output is the exception: z-lab reads HF's
+``hidden_states[L]``, which transformers stores AFTER the final norm, so a tap
+on layer L-1 is normed here too. (vLLM captures the raw stream there;
+DeepSpec refuses such a tap for this very ambiguity, and DSpark here does too.)
 
 Context cache. ``k_proj(C)`` and ``v_proj(C)`` depend only on the committed
 context, never on the block, so each layer keeps them in a plain list that
@@ -57,7 +65,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from ..formats.io import load_strict
-from ..formats.zlab import read_dflash, write_dflash
+from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from .base import Drafter, Proposal
 
@@ -65,10 +73,8 @@ SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """z-lab's spread of taps over the target: round(1 + i (L - 4) / (n - 1))."""
-    if num_taps == 1:
-        return [num_target_layers // 2]
-    return [round(1 + i * (num_target_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
+    """z-lab's spread of taps over the target: round(1 + i (L - 4) / (n - 1)) (formats/zlab.py)."""
+    return build_target_layer_ids(num_target_layers, num_taps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -106,9 +112,7 @@ class BlockAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, H, bias=bias)
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
-        self.causal = layer_types[layer_idx] == "sliding_attention"
-        self.window = cfg.sliding_window if self.causal else None
+        self.window, self.causal = layer_attention(cfg, layer_idx)
 
     def keys_values(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x [n, H] -> K, V [kv_heads, n, d] (K normed and rotated)."""
@@ -257,6 +261,7 @@ class DFlashDrafter(Drafter):
                 f"{self.model.fc.in_features // len(self.taps)}, but the target's hidden size is "
                 f"{target.hidden_size}: it was trained for a different target."
             )
+        self._check_taps(target)
         self.target = target
         self.model.to(device=target.device, dtype=target.dtype)
         empty = torch.empty(self.model.config.num_key_value_heads, 0, self.model.config.head_dim,
@@ -265,8 +270,17 @@ class DFlashDrafter(Drafter):
         self.num_ctx = 0  # positions 0..num_ctx-1 are in ctx_kv
         self.pending = self._cat(hidden)  # [n, n_taps * Ht], taps not yet turned into K/V
 
+    def _check_taps(self, target) -> None:
+        bad = [t - 1 for t in self.taps if not 0 <= t <= target.num_layers]
+        if bad:
+            raise ValueError(f"{self.name} target_layer_ids {bad} are outside -1..{target.num_layers - 1} "
+                             f"for a {target.num_layers}-layer target.")
+
+    @torch.inference_mode()
     def _cat(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([hidden[t] for t in self.taps], dim=-1)
+        """The taps side by side; the last layer's output final-normed, as HF's hidden_states[L] is."""
+        L = self.target.num_layers
+        return torch.cat([self.target.final_norm(hidden[t]) if t == L else hidden[t] for t in self.taps], dim=-1)
 
     @torch.inference_mode()
     def _catch_up(self) -> None:
