@@ -196,3 +196,95 @@ def test_gated_or_rnn_markov_heads_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="only 'vanilla'"):
         load_dspark(tmp_path)
+
+
+# -- the speculators format in both directions (vllm-project/speculators, snapshot c05b95b3) ----------------
+
+
+def speculators_saved(tmp_path, model: DSparkModel):
+    """A folder laid out as speculators' own DSparkDraftModel.save_pretrained lays it out (observed by running
+    it: src/speculators/model.py DraftVocabMixin keeps frozen copies of the verifier's embed_tokens and lm_head
+    and saves them; config keys as it writes them), with random stand-ins for the verifier's two tensors."""
+    from safetensors.torch import load_file, save_file
+
+    save_dspark(model, tmp_path, format="speculators", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(architectures=["DSparkDraftModel"], auto_map={"": "config.DSparkSpeculatorConfig"},
+               speculators_version="0.5.0.dev0", sliding_window_non_causal=False, dtype="float32",
+               tie_word_embeddings=False)
+    cfg["speculators_config"]["proposal_methods"][0].update(accept_tolerance=0.0, verifier_accept_k=1)
+    cfg["speculators_config"]["verifier"] = {"architectures": [], "name_or_path": "Qwen/Qwen3-8B"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(3)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["embed_tokens.weight"] = torch.randn(64, 32, generator=g)
+    tensors["lm_head.weight"] = torch.randn(64, 32, generator=g)
+    save_file(tensors, tmp_path / "model.safetensors")
+    return tensors
+
+
+def test_a_checkpoint_saved_by_speculators_loads_with_its_embedding_and_head(tmp_path):
+    """speculators stores embed_tokens / lm_head (the verifier's, copied); they were refused as unexpected
+    tensors. They load as the drafter's own, and drafting uses them in place of the target's."""
+    model = tiny_dspark(False)
+    tensors = speculators_saved(tmp_path, model)
+    loaded = load_dspark(tmp_path)
+    assert torch.equal(loaded.embed_tokens.weight, tensors["embed_tokens.weight"])
+    assert torch.equal(loaded.lm_head.weight, tensors["lm_head.weight"])
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
+    drafter = DSparkDrafter(loaded, markov=False)
+    hidden = torch.randn(3, 32)
+    torch.testing.assert_close(drafter.logits(hidden), hidden @ tensors["lm_head.weight"].T)
+    ids = torch.tensor([1, 5])
+    torch.testing.assert_close(drafter.embed(ids), tensors["embed_tokens.weight"][ids])
+
+
+def test_our_speculators_checkpoint_names_its_verifier(tmp_path, target):
+    """speculators' DSparkSpeculatorConfig (models/dspark/config.py via config.py SpeculatorsConfig) requires
+    speculators_config.verifier, and vLLM's speculators reader (transformers_utils/configs/speculators/base.py)
+    requires verifier.name_or_path: our folders lacked it, so both refused them. Checked by running
+    speculators' DSparkDraftModel.from_pretrained on such a folder: it loads, and fills embed_tokens /
+    lm_head from the named verifier (see the shipped README for a caveat under transformers 5)."""
+    model = DSparkModel(dspark_config(target, num_layers=1, block_size=4, markov_rank=4))
+    save_dspark(model, tmp_path / "a", target=target, dtype=torch.float32)
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                     "architectures": ["LlamaForCausalLM"]}
+    from safetensors.torch import load_file
+
+    assert not {"embed_tokens.weight", "lm_head.weight"} & set(load_file(tmp_path / "a" / "model.safetensors"))
+    save_dspark(model, tmp_path / "b", target=target, dtype=torch.float32, with_verifier_tensors=True)
+    full = load_dspark(tmp_path / "b")  # speculators' own layout, written on request
+    assert torch.equal(full.lm_head.weight, target.lm_head.weight) and torch.equal(
+        full.embed_tokens.weight, target.embed_tokens.weight)
+
+    from specdec_learn.checkpoints import shipped
+
+    shipped_cfg = json.loads((shipped("dspark", target.name) / "config.json").read_text())
+    assert shipped_cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_speculators_keys_take_speculators_defaults_and_the_non_causal_flag_is_honoured(tmp_path):
+    """A speculators config that leaves a head field out means speculators' pydantic default
+    (markov_rank 256, both confidence flags true, block_size 8), not DeepSpec's; sliding_window_non_causal
+    (speculators' DFlash field) makes sliding layers see their whole block, and is written back."""
+    model = tiny_dspark(False)
+    save_dspark(model, tmp_path, format="speculators", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    from specdec_learn.formats import speculators
+
+    bare = {k: v for k, v in cfg.items() if k not in ("markov_rank", "enable_confidence_head",
+                                                    "confidence_head_with_markov", "block_size")}
+    got, _ = speculators.read_dspark(tmp_path, bare)
+    assert (got.markov_rank, got.enable_confidence_head, got.confidence_head_with_markov, got.block_size) == (
+        256, True, True, 8)
+    layer = dict(cfg["transformer_layer_config"], layer_types=["sliding_attention"], use_sliding_window=True,
+                 sliding_window=4)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config": layer,
+                                                      "sliding_window_non_causal": True}))
+    loaded = load_dspark(tmp_path)
+    assert (loaded.layers[0].self_attn.window, loaded.layers[0].self_attn.causal) == (4, False)
+    save_dspark(loaded, tmp_path / "again", dtype=torch.float32)
+    again = load_dspark(tmp_path / "again")
+    assert (again.layers[0].self_attn.window, again.layers[0].self_attn.causal) == (4, False)

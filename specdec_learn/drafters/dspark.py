@@ -40,9 +40,10 @@ output of layer i = tap i + 1) plus ``-1`` = the embedding output = tap 0;
 the same ``i + 1`` covers both.
 
 Formats: DeepSpec's ``Qwen3DSparkModel`` (with the draft's own embedding and
-LM head; formats/deepspec.py) and speculators' ``dspark`` (without them: the
-verifier's are used; formats/speculators.py). The shipped SmolLM2 drafter
-uses the speculators one: it stays small.
+LM head; formats/deepspec.py) and speculators' ``dspark`` (formats/
+speculators.py: speculators' own saves carry the verifier's embedding and
+head, which load; ours name the verifier instead, from which speculators
+loads them). The shipped SmolLM2 drafter uses the speculators one: it stays small.
 
 Only the ``vanilla`` Markov head is implemented (vLLM too); a ``gated`` or
 ``rnn`` checkpoint is refused with a message.
@@ -125,7 +126,7 @@ class DSparkModel(DFlashModel):
     enable_confidence_head, confidence_head_with_markov, num_anchors.
     """
 
-    def __init__(self, config, target_hidden_size=None, own_embeddings: bool = False):
+    def __init__(self, config, target_hidden_size=None, own_embeddings: bool = False, own_lm_head: bool | None = None):
         super().__init__(config, target_hidden_size)
         H, V, r = config.hidden_size, config.vocab_size, int(getattr(config, "markov_rank", 0))
         self.markov_head = MarkovHead(V, r) if r > 0 else None
@@ -136,7 +137,7 @@ class DSparkModel(DFlashModel):
                 raise ValueError("confidence_head_with_markov needs a Markov head (markov_rank > 0).")
             self.confidence_head = ConfidenceHead(H + (r if with_markov else 0))
         self.embed_tokens = nn.Embedding(V, H) if own_embeddings else None
-        self.lm_head = nn.Linear(H, V, bias=False) if own_embeddings else None
+        self.lm_head = nn.Linear(H, V, bias=False) if (own_embeddings if own_lm_head is None else own_lm_head) else None
 
     def confidence_logits(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """hidden [..., H], prev ids [...] -> confidence logits [...]."""
@@ -182,6 +183,15 @@ class DSparkDrafter(DFlashDrafter):
     def _slots_explained(self) -> str:
         return "every slot, the anchor's included, is a draft"
 
+    def _check_taps(self, target) -> None:
+        super()._check_taps(target)
+        if target.num_layers in self.taps:  # DeepSpec's eval asserts the same (assert_no_final_target_layer)
+            raise ValueError(
+                f"DSpark target_layer_ids include the final layer {target.num_layers - 1}: HF's hidden_states "
+                "stores it after the final norm, training caches before it, so DeepSpec refuses such a tap; "
+                "use an earlier layer."
+            )
+
     def embed(self, ids):
         own = self.model.embed_tokens
         return own(ids) if own is not None else self.target.embed_tokens(ids)
@@ -212,35 +222,54 @@ class DSparkDrafter(DFlashDrafter):
 
 
 def load_dspark(path, dtype=None) -> DSparkModel:
-    """A DeepSpec (`Qwen3DSparkModel`) or speculators (`dspark`) checkpoint directory -> DSparkModel."""
+    """A DeepSpec (`Qwen3DSparkModel`) or speculators (`dspark`) checkpoint directory -> DSparkModel.
+
+    A speculators checkpoint saved by speculators itself carries the verifier's ``embed_tokens`` /
+    ``lm_head``; they are used (they are the target's, copied). Ours carries neither.
+    """
     d = read_config(path, "a DSpark checkpoint")
     if speculators.is_dspark(d):
-        (cfg, weights), own = speculators.read_dspark(path, d), False
+        cfg, weights = speculators.read_dspark(path, d)
     elif deepspec.is_deepspec(d):
-        (cfg, weights), own = deepspec.read_dspark(path, d), True
+        cfg, weights = deepspec.read_dspark(path, d)
     else:
         raise ValueError(
             f"{path} is neither a DeepSpec DSpark checkpoint (architectures Qwen3DSparkModel) "
             f"nor a speculators one (speculators_model_type 'dspark')."
         )
-    model = DSparkModel(cfg, weights["fc.weight"].shape[1] // len(cfg.target_layer_ids), own_embeddings=own)
+    model = DSparkModel(cfg, weights["fc.weight"].shape[1] // len(cfg.target_layer_ids),
+                        own_embeddings="embed_tokens.weight" in weights, own_lm_head="lm_head.weight" in weights)
     load_strict(model, weights, f"DSpark checkpoint {path}")
     return model.to(dtype) if dtype is not None else model
 
 
-def save_dspark(model: DSparkModel, path, format: str = "speculators", target=None, dtype=torch.bfloat16):
+def save_dspark(model: DSparkModel, path, format: str = "speculators", target=None, dtype=torch.bfloat16,
+                verifier: str | None = None, with_verifier_tensors: bool = False):
     """Write `model` as a speculators `dspark` or a DeepSpec `Qwen3DSparkModel` checkpoint.
 
-    DeepSpec's format holds the draft's own embed_tokens/lm_head; when the
-    model borrows the target's, pass `target` to copy them in.
+    speculators: `verifier` (default: the target's hub id, when `target` is given) goes into
+    ``speculators_config.verifier``, from which speculators' ``from_pretrained`` loads the embedding
+    and LM head; `with_verifier_tensors` writes them into the folder too (speculators' own layout,
+    but 2 x 57 MB for SmolLM2). DeepSpec's format always holds them: pass `target` when the model
+    borrows the target's.
     """
     state = model.state_dict()
+    owner = model if model.embed_tokens is not None else target
     if format == "speculators":
+        if verifier is None and target is not None:  # a hub id the readers can resolve, not our cache folder
+            from ..models import EMBEDDED
+
+            verifier = EMBEDDED.get(target.name, {}).get("hf_id") or target.model.config.name_or_path or target.name
+        architectures = list(getattr(target.model.config, "architectures", None) or []) if target is not None else []
+        if with_verifier_tensors:
+            if owner is None:
+                raise ValueError("with_verifier_tensors: pass target= to copy the target's embedding and LM head.")
+            state = {**state, "embed_tokens.weight": owner.embed_tokens.weight, "lm_head.weight": owner.lm_head.weight}
         return speculators.write_dspark(model.config, state, model.fc.in_features // len(model.config.target_layer_ids),
-                                        path, dtype)
+                                        path, dtype, speculators.verifier_config(verifier, architectures),
+                                        with_verifier_tensors)
     if format != "deepspec":
         raise ValueError(f"format must be 'speculators' or 'deepspec', got {format!r}.")
-    owner = model if model.embed_tokens is not None else target
     if owner is None:
         raise ValueError("DeepSpec's format stores embed_tokens and lm_head: pass target= to copy the target's.")
     return deepspec.write_dspark(model.config, state, owner.embed_tokens.weight, owner.lm_head.weight, path, dtype)

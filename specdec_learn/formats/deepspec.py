@@ -27,23 +27,31 @@ from .io import cpu_tensors, qwen3_config, read_weights, write_folder
 HEAD_KEYS = (
     "block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
     "confidence_head_with_markov", "num_anchors", "num_target_layers", "architectures", "dflash_config",
+    "dflash_attention",
 )
 MARKOV_HEAD_TYPES = ("vanilla",)  # what the network implements (vLLM too); "gated" / "rnn" are refused
+# What a Qwen3DSparkModel config without a head field means (DeepSpec's build_draft_config writes them all).
+DEFAULTS = {"markov_rank": 0, "markov_head_type": "vanilla", "enable_confidence_head": False,
+            "confidence_head_with_markov": False, "num_anchors": 256}
 
 
 def is_deepspec(d: dict) -> bool:
     return "Qwen3DSparkModel" in (d.get("architectures") or [])
 
 
-def read_heads(cfg, fields: dict, path) -> None:
-    """Copy DSpark's head fields from a config dict onto `cfg`, refusing a Markov head we do not implement."""
+def read_heads(cfg, fields: dict, path, defaults: dict = DEFAULTS) -> None:
+    """Copy DSpark's head fields from a config dict onto `cfg` (a missing one takes its format's default),
+    refusing a Markov head we do not implement."""
+    fields = {**defaults, **{k: v for k, v in fields.items() if v is not None}}
+    if "block_size" not in fields or fields.get("mask_token_id") is None:
+        raise ValueError(f"{path}/config.json lacks block_size or mask_token_id.")
     cfg.block_size = int(fields["block_size"])
     cfg.mask_token_id = fields["mask_token_id"]
-    cfg.markov_rank = int(fields.get("markov_rank", 0))
-    cfg.markov_head_type = str(fields.get("markov_head_type", "vanilla")).lower()
-    cfg.enable_confidence_head = bool(fields.get("enable_confidence_head", False))
-    cfg.confidence_head_with_markov = bool(fields.get("confidence_head_with_markov", False))
-    cfg.num_anchors = int(fields.get("num_anchors", 256))
+    cfg.markov_rank = int(fields["markov_rank"])
+    cfg.markov_head_type = str(fields["markov_head_type"]).lower()
+    cfg.enable_confidence_head = bool(fields["enable_confidence_head"])
+    cfg.confidence_head_with_markov = bool(fields["confidence_head_with_markov"])
+    cfg.num_anchors = int(fields["num_anchors"])
     cfg.num_target_layers = fields.get("num_target_layers")
     if cfg.markov_rank > 0 and cfg.markov_head_type not in MARKOV_HEAD_TYPES:
         raise ValueError(

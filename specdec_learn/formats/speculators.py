@@ -246,20 +246,49 @@ def is_dspark(d: dict) -> bool:
     return d.get("speculators_model_type") == "dspark"
 
 
+# speculators' DSparkSpeculatorConfig defaults (models/dspark/config.py, DFlash's for block_size), for keys a
+# config leaves out; its own save_pretrained writes them all.
+DSPARK_DEFAULTS = {"block_size": 8, "markov_rank": 256, "markov_head_type": "vanilla", "enable_confidence_head": True,
+                   "confidence_head_with_markov": True, "num_anchors": 256}
+VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight")  # speculators' copies of the verifier's
+
+
 def read_dspark(path, d: dict):
-    """(Qwen3Config with DSpark's fields, tensors) of a speculators `dspark` folder (config dict `d`)."""
+    """(Qwen3Config with DSpark's fields, tensors) of a speculators `dspark` folder (config dict `d`).
+
+    The tensors keep ``embed_tokens`` / ``lm_head`` when speculators stored them (the verifier's,
+    copied); the drafter then uses them in place of the target's.
+    """
     cfg = qwen3_config(d["transformer_layer_config"])
     if d.get("draft_vocab_size", cfg.vocab_size) != cfg.vocab_size:
         raise ValueError(f"{path}: a reduced draft vocabulary (d2t/t2d) is not supported; train with the full vocabulary.")
     if not d.get("sample_from_anchor", True):
         raise ValueError(f"{path}: sample_from_anchor=false is DFlash's slot convention, not DSpark's.")
+    if not d.get("aux_hidden_state_layer_ids"):
+        raise ValueError(f"{path}/config.json names no aux_hidden_state_layer_ids (the taps).")
     cfg.target_layer_ids = [t - 1 for t in d["aux_hidden_state_layer_ids"]]  # taps -> DSpark ids (0 -> -1)
-    read_heads(cfg, d, path)
-    return cfg, read_weights(path)
+    read_heads(cfg, d, path, DSPARK_DEFAULTS)
+    if d.get("sliding_window_non_causal"):  # speculators: sliding layers see their whole block (full ones always do)
+        cfg.dflash_attention = {"causal": False}
+    tensors = read_weights(path)
+    for name in ("t2d", "d2t"):  # identity maps of a full vocabulary (speculators writes none then)
+        tensors.pop(name, None)
+    return cfg, tensors
 
 
-def write_dspark(cfg, tensors: dict[str, torch.Tensor], target_hidden_size: int, path, dtype=torch.bfloat16) -> Path:
-    """Write a DSpark drafter (backbone + heads, no embedding or LM head) in the speculators format."""
+def verifier_config(name_or_path: str | None, architectures=()) -> dict:
+    """``speculators_config.verifier``: required by vLLM's and speculators' readers, None allowed as the name."""
+    return {"name_or_path": name_or_path, "architectures": list(architectures)}
+
+
+def write_dspark(cfg, tensors: dict[str, torch.Tensor], target_hidden_size: int, path, dtype=torch.bfloat16,
+                 verifier: dict | None = None, with_verifier_tensors: bool = False) -> Path:
+    """Write a DSpark drafter (backbone + heads) in the speculators format.
+
+    `verifier` (see `verifier_config`) names the target: speculators' ``from_pretrained`` loads the
+    embedding and LM head from it. `with_verifier_tensors` also writes the ``embed_tokens`` /
+    ``lm_head`` in `tensors` (what speculators itself saves; 57 MB each for SmolLM2, so off by default).
+    """
     from .io import cpu_tensors
 
     layer_cfg = {k: v for k, v in cfg.to_dict().items() if k not in HEAD_KEYS}
@@ -271,8 +300,14 @@ def write_dspark(cfg, tensors: dict[str, torch.Tensor], target_hidden_size: int,
         "speculators_config": {
             "algorithm": "dspark", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size}],
+            "verifier": verifier or verifier_config(None),
         },
         **head_fields(cfg),
     }
-    state = {k: v for k, v in tensors.items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    if (getattr(cfg, "dflash_attention", None) or {}).get("causal") is False:
+        d["sliding_window_non_causal"] = True
+    state = {k: v for k, v in tensors.items() if with_verifier_tensors or k not in VERIFIER_TENSORS}
+    missing = [k for k in VERIFIER_TENSORS if with_verifier_tensors and k not in state]
+    if missing:
+        raise ValueError(f"with_verifier_tensors: the tensors lack {missing}.")
     return write_folder(path, d, cpu_tensors(state, dtype))
