@@ -40,8 +40,8 @@ The held-out split is data.split_examples' rule, by prompt id (recorded in
 the manifest); `load_split` applies it.
 
 The job (`python -m specdec_learn.train.corpus start`, in .venv-vllm) grows
-the prompts and the answers together: a few rounds of Magpie requests, then
-the answer to every prompt not yet answered, one shard after another, and
+the prompts and the answers together: the answer to every prompt not yet
+answered, one shard after another, then a round of Magpie requests, and
 again, until the Magpie file holds --magpie requests. It runs niced, from a
 snapshot of the code, in its own process group, so it can be paused
 (kill -STOP -<pgid>) and continued (kill -CONT -<pgid>); a rerun after a kill
@@ -312,7 +312,7 @@ def progress_line(manifest: dict, prompts_left: int, examples: list[Example], se
 
 def open_engine(target: str, dtype: str, seed: int, batch_size: int):
     """A vLLM engine for plain decoding, at most batch_size sequences at a time (continuous batching)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: 256 sequences of ~350 tokens need ~2 GiB in bf16
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "3")  # GiB: 256 sequences of ~350 tokens need ~2 GiB in bf16
     from ..vllm_backend import VllmEngine
 
     return VllmEngine(target, method="ar", dtype=dtype, seed=seed, max_num_seqs=batch_size)
@@ -350,9 +350,8 @@ def build(args) -> int:
         path = target_dir(args.target, args.root) / "prompts" / "magpie.jsonl"
         generate = vllm_generate(engine, args.max_new_tokens, args.temperature)
         held_out = bench_texts()
+        requests, saturated = magpie.read_prompts(path), False
         while True:  # prompts and answers grow together: a stop at any point leaves both
-            requests, saturated = magpie.grow_prompt_file(engine, path, args.magpie, templated, held_out,
-                                                          args.magpie_round, args.rounds_per_cycle, log)
             prompts = corpus_prompts(args.target, args.root, seed=args.seed)
             log(f"corpus: {len(prompts)} prompts ({len(templated)} templated, {len(requests)} Magpie)")
             manifest = fill(store_dir(settings, args.root), settings, prompts, engine.encode, generate,
@@ -360,6 +359,8 @@ def build(args) -> int:
                             goal=len(templated) + args.magpie, log=log)
             if len(requests) >= args.magpie or saturated:
                 break
+            requests, saturated = magpie.grow_prompt_file(engine, path, args.magpie, templated, held_out,
+                                                          args.magpie_round, args.rounds_per_cycle, log)
         log(f"corpus: done, {manifest['examples']} examples, {manifest['response_tokens']} response tokens")
     finally:
         engine.close()
@@ -498,11 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=64, help="vLLM's max concurrent sequences")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="vLLM's max concurrent sequences (256: the most tokens per CPU-second measured on 2 cores)")
     parser.add_argument("--shard-size", type=int, default=512, help="prompts per shard (per vLLM call)")
     parser.add_argument("--magpie", type=int, default=22_000, help="Magpie requests to have before answering")
     parser.add_argument("--magpie-round", type=int, default=2048, help="Magpie samples per round")
-    parser.add_argument("--rounds-per-cycle", type=int, default=2, help="Magpie rounds before answering the new prompts")
+    parser.add_argument("--rounds-per-cycle", type=int, default=1, help="Magpie rounds before answering the new prompts")
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16, 32, 64, 128, 256])
     args = parser.parse_args(argv)
     os.environ.setdefault("SPECDEC_CACHE", str(REPO / ".cache"))  # the Makefile's cache, where the model lives
