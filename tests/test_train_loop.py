@@ -98,10 +98,13 @@ def test_the_evaluation_hook_runs_every_n_steps_and_at_the_end(tmp_path):
         calls.append(model.training)
         return {"acc": torch.tensor([0.25, 0.5])}
 
-    run = train_loop(model, loss, Budget(9), tmp_path, lr=0.05, evaluate=held_out, eval_every=4, log=QUIET)
+    run = train_loop(model, loss, Budget(9), tmp_path / "a", lr=0.05, evaluate=held_out, eval_every=4, log=QUIET)
     assert len(calls) == 3 and run.held_out == {"acc": [0.25, 0.5]}  # steps 4, 8 and the end; tensors made plain
     assert run.history[3]["eval"] == {"acc": [0.25, 0.5]} and "eval" not in run.history[4]
-    assert model.training is False
+    assert calls == [False] * 3 and model.training is False  # evaluated in eval mode, left in eval mode
+    calls.clear()
+    train_loop(model, loss, Budget(8), tmp_path / "b", lr=0.05, evaluate=held_out, eval_every=4, log=QUIET)
+    assert len(calls) == 2  # steps 4 and 8: the end is step 8, not evaluated twice
 
 
 # --- a state file that cannot be used: one line, naming it ---------------------------------------

@@ -117,8 +117,8 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
 
 
 def export(model: DSparkModel, target, out_dir, run: Run, command: str | None = None) -> Path:
-    """The speculators-format folder (config.json + model.safetensors, bf16) and recipe.json beside it."""
-    return export_folder(out_dir, lambda tmp: save_dspark(model, tmp, format="speculators"),
+    """The speculators-format folder (its config names the target as verifier; bf16) and recipe.json beside it."""
+    return export_folder(out_dir, lambda tmp: save_dspark(model, tmp, format="speculators", target=target),
                          recipe(run, "dspark", target, command))
 
 

@@ -148,7 +148,8 @@ def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_
     step, reading its batch with `generator`. None skips the update (nothing
     to learn from in that batch) but counts the step. metrics may hold
     "tokens" (text tokens read, summed into Run.tokens) and "acc" (a list).
-    evaluate() -> dict, e.g. {"acc": [per-step accuracy]}, on held-out data.
+    evaluate() -> dict, e.g. {"acc": [per-step accuracy]}, on held-out data (called in eval
+    mode, without gradients, every `eval_every` steps and at the end).
     progress=False drops the per-step log lines (resume, budget and held-out lines stay).
     Ctrl-C saves the state of the last finished step before it stops.
     """
@@ -181,12 +182,15 @@ def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_
                                 "held_out": run.held_out, "config": run.config, "data": run.data})
 
     def held_out():
-        result = plain(evaluate())
+        module.eval()
+        with torch.no_grad():
+            result = plain(evaluate())
         module.train()
         log(f"step {run.steps}: held-out {format_metrics(result)}")
         return result
 
     module.train()
+    evaluated_at = None
     try:
         while run.steps < budget.steps:
             if budget.minutes is not None and time.perf_counter() - start > budget.minutes * 60:
@@ -209,13 +213,14 @@ def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_
                     f"({time.perf_counter() - start:.0f}s)")
             if evaluate is not None and eval_every and run.steps % eval_every == 0:
                 run.held_out = run.history[-1]["eval"] = held_out()
+                evaluated_at = run.steps
             if run.steps % save_every == 0:
                 save()
     except KeyboardInterrupt:
         save()
         log(f"interrupted: the state of step {run.steps} is in {state_file}; run again to continue")
         raise
-    if evaluate is not None:
+    if evaluate is not None and evaluated_at != run.steps:  # the end, unless this very step was just evaluated
         run.held_out = held_out()
     save()
     module.eval()
