@@ -113,5 +113,5 @@ def test_vllm_finds_the_drafters_the_readable_loop_loads():
             assert resolve_draft(target, method, None) == str(find(method, target)), method
     assert resolve_draft("smollm2-135m", "draft_model", "target") == "smollm2-135m"
     assert resolve_draft("smollm2-135m", "ngram", None) is None
-    with pytest.raises(ValueError, match="No dflash drafter is shipped for target 'Qwen/Qwen3-8B'.*--draft"):
+    with pytest.raises(ValueError, match="No DFlash drafter is shipped for 'Qwen/Qwen3-8B'.*--draft"):
         resolve_draft("Qwen/Qwen3-8B", "dflash", None)

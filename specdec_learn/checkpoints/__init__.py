@@ -47,6 +47,10 @@ SHIPPED = {
     ("dspark", "smollm2-135m"): "dspark-smollm2-135m",
 }
 
+# What each method's drafter is called in messages.
+NAMES = {"draft_model": "draft model", "eagle3": "EAGLE-3 drafter", "mtp": "MTP head",
+         "gemma4_mtp": "Gemma-4-style assistant", "dflash": "DFlash drafter", "dspark": "DSpark drafter"}
+
 # What `--draft` takes for each method, for the message when nothing is shipped.
 DRAFT_KINDS = {
     "draft_model": "an HF model sharing the target's tokenizer, or 'target' for the upper bound",
@@ -73,7 +77,7 @@ def shipped(method: str, target_name) -> Path:
     folder = shipped_folder(method, target_name)
     if (method, target_key(target_name)) not in SHIPPED or not (folder / "config.json").is_file():
         raise ValueError(
-            f"No {method} drafter is shipped for target {str(target_name)!r}: pass draft=<{DRAFT_KINDS[method]}> "
+            f"No {NAMES[method]} is shipped for {str(target_name)!r}: pass draft=<{DRAFT_KINDS[method]}> "
             f"(CLI: --draft), or train one with `specdec train {method}`."
         )
     return complete(folder, target_name)
