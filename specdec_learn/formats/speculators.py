@@ -43,10 +43,20 @@ DSpark (``speculators_model_type: "dspark"``; vllm-project/speculators
 ``src/speculators/models/{dflash,dspark}/``): the DFlash backbone's tensors
 and DeepSpec's head fields (see deepspec.py), the taps as
 ``aux_hidden_state_layer_ids`` (already our tap numbers: DSpark id + 1).
+Honoured: the head fields (a missing one takes speculators' pydantic default,
+``DSPARK_DEFAULTS``), the layer config's ``layer_types`` / ``sliding_window``
+(causal windows, vLLM's rules: zlab.layer_attention) and
+``sliding_window_non_causal`` (speculators' flag for sliding layers that see
+their whole block; vLLM's DSpark reader ignores it). Refused: a reduced
+``draft_vocab_size``, ``sample_from_anchor: false``, a gated / rnn Markov head.
 speculators' own ``save_pretrained`` also stores the verifier's
 ``embed_tokens`` and ``lm_head`` (frozen copies): they are read when present.
-We write neither (57 MB for SmolLM2's head) and name the verifier instead,
-from which speculators' ``from_pretrained`` loads both.
+We write neither by default (57 MB each for SmolLM2) and name the verifier
+instead, from which speculators' ``from_pretrained`` is meant to load both
+(under transformers 5 it does so only by chance: the shipped README says why
+and what to do). One more difference: speculators' training mask counts a
+sliding window from the block's anchor, vLLM from each query's position; we
+follow vLLM.
 """
 
 from __future__ import annotations
