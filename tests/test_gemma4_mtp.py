@@ -9,6 +9,7 @@ from specdec_learn.drafters.gemma4_mtp import (
     Gemma4AssistantDrafter,
     load_gemma4_assistant,
     random_assistant,
+    read_shared_kv,
     shared_kv_layers,
 )
 from specdec_learn.sampling import GREEDY, Sampling
@@ -131,3 +132,84 @@ def test_gemma4_assistant_format_round_trip(ordered_embeddings, tmp_path):
         state = started(target, drafter, prompt)
         q = draft_q(drafter, state, k=1)[0]
         assert 0 < int((q > 0).sum()) <= 4 * 256 // 16
+
+
+# -- the rules vLLM and HF disagree on (module docstring of drafters/gemma4_mtp.py) ------------------------------
+
+
+def hf_candidate_logits(target, assistant, ids, k):
+    """transformers' own loop (generation/candidate_generator.py, SinglePositionMultiTokenCandidateGenerator,
+    the generator `generate(assistant_model=<Gemma4Assistant>)` uses), one round after the prompt: the
+    target ran ids[:-1] and sampled ids[-1]."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
+
+    assistant.generation_config.num_assistant_tokens = k
+    gen = SinglePositionMultiTokenCandidateGenerator(
+        input_ids=torch.tensor([ids]), assistant_model=assistant,
+        target_model_input_embeddings=target.model.get_input_embeddings(),
+        generation_config=GenerationConfig(max_length=len(ids) + 50), model_kwargs={})
+    with torch.no_grad():
+        outputs = target.model(torch.tensor([ids[:-1]]), output_hidden_states=True, return_shared_kv_states=True)
+        _, logits = gen.get_candidates(torch.tensor([ids]), {}, outputs, is_first_iteration=False, n_last_matches=0)
+    return logits[0]  # [k, V]
+
+
+def test_hf_position_rule_reproduces_transformers_loop_and_vllm_rule_differs():
+    """position="hf" drafts what transformers' loop drafts (query at p, the position of `last`); the
+    default, vLLM's (v1/spec_decode/llm_base_proposer.py keeps the target's positions and shifts the tokens,
+    gemma4.py keeps them constant), queries at p-1 and gives other logits. Dense logits are soft-capped as
+    vLLM's logits processor caps them (model_executor/models/gemma4_mtp.py), where HF's are raw."""
+    target, assistant = tiny_gemma4_pair(ordered_embeddings=False)
+    cap = assistant.config.get_text_config().final_logit_softcapping
+    ids = list(range(3, 30))
+    want = cap * torch.tanh(hf_candidate_logits(target, assistant, ids, k=3).float() / cap)
+    for position, same in (("hf", True), ("vllm", False)):
+        drafter = Gemma4AssistantDrafter(assistant, target, position=position)
+        state = started(target, drafter, ids)
+        p = len(ids) - 1 - (position == "vllm")
+        shared = read_shared_kv(state.cache, drafter.kv_layers)
+        tok, h, rows = ids[-1], drafter.h, []
+        with torch.inference_mode():
+            for i in range(3):
+                logits, h = drafter.step(tok, h, torch.tensor([[p]]), shared)
+                rows.append(logits)
+                tok = int(want[i].argmax()) if same else int(logits.argmax())
+        got = torch.stack(rows)
+        assert torch.allclose(got, want, atol=1e-4) == same, position
+    with pytest.raises(ValueError, match="position"):
+        Gemma4AssistantDrafter(assistant, target, position="middle")
+
+
+def test_centroid_logits_are_not_soft_capped_and_dense_ones_are():
+    """vLLM (gemma4_mtp.py compute_logits): the masked-embedding path bypasses the logits processor's
+    soft cap and gives the tokens outside the top centroids the dtype's minimum; the dense path is capped."""
+    target, assistant = tiny_gemma4_pair(ordered_embeddings=True)
+    with torch.no_grad():  # logits of tens, where a cap of 30 bends them visibly
+        assistant.lm_head.weight.mul_(100)
+    drafter = Gemma4AssistantDrafter(assistant, target)
+    state = started(target, drafter, list(range(3, 30)))
+    shared = read_shared_kv(state.cache, drafter.kv_layers)
+    position = torch.tensor([[len(state.ids) - 2]])
+    ids = torch.tensor([[state.ids[-1]]])
+    with torch.inference_mode():
+        raw = assistant(inputs_embeds=torch.cat([target.embed_tokens(ids) * drafter.embed_scale, drafter.h], -1),
+                        position_ids=position, shared_kv_states=shared).logits[0, -1]
+        logits, _ = drafter.step(state.ids[-1], drafter.h, position, shared)
+    kept = torch.isfinite(logits)
+    assert 0 < int(kept.sum()) <= 4 * 256 // 16
+    torch.testing.assert_close(logits[kept], raw[kept].float())  # uncapped (30 * tanh(x / 30) would differ)
+
+
+def test_suppressed_tokens_are_never_drafted():
+    """generation_config.json's suppress_tokens change the draft distribution: vLLM (gemma4_mtp.py
+    compute_logits) sets them to -inf; so does the drafter (from the generation_config a folder loads with)."""
+    target, assistant = tiny_gemma4_pair(ordered_embeddings=False)
+    plain = Gemma4AssistantDrafter(assistant, target)
+    state = started(target, plain, list(range(3, 30)))
+    banned = draft_q(plain, state, k=1)[0].topk(3).indices.tolist()
+    assistant.generation_config.suppress_tokens = banned
+    drafter = Gemma4AssistantDrafter(assistant, target)
+    state = started(target, drafter, list(range(3, 30)))
+    q = draft_q(drafter, state, k=4)
+    assert q[:, banned].sum() == 0 and torch.allclose(q.sum(-1), torch.ones(4))
