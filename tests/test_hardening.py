@@ -336,3 +336,16 @@ def test_a_conversion_killed_at_any_moment_is_rebuilt_on_the_next_run(tmp_path):
     done = subprocess.run([sys.executable, str(script), str(tmp_path), str(cache)], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip().endswith(str(out)) and models.check_manifest(out) is None
+
+
+def test_a_tensor_of_the_wrong_kind_is_refused(dflash_folder):
+    from safetensors.torch import load_file, save_file
+
+    from specdec_learn.drafters.dflash import load_dflash
+
+    file = dflash_folder / "model.safetensors"
+    tensors = load_file(file)
+    tensors["norm.weight"] = tensors["norm.weight"].to(torch.int32)  # right shape, wrong kind
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match=r"norm\.weight is torch\.int32 where the network holds"):
+        load_dflash(dflash_folder)

@@ -64,7 +64,15 @@ def load_strict(model: nn.Module, weights: dict[str, torch.Tensor], what: str) -
         if own[name].shape != tensor.shape:
             raise ValueError(f"{what}: tensor {name} has shape {tuple(tensor.shape)}, the config implies "
                              f"{tuple(own[name].shape)}.")
+        if kind(own[name]) != kind(tensor):  # bf16 for fp32 is a cast; an integer for a float is damage
+            raise ValueError(f"{what}: tensor {name} is {tensor.dtype} where the network holds "
+                             f"{own[name].dtype}: the checkpoint is damaged or of another format.")
     model.load_state_dict(weights)
+
+
+def kind(t: torch.Tensor) -> str:
+    """A tensor's kind of number: "float", "bool" or "int" (the precision within a kind may differ)."""
+    return "float" if t.is_floating_point() else "bool" if t.dtype == torch.bool else "int"
 
 
 def qwen3_config(d: dict):
