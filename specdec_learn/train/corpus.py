@@ -313,6 +313,10 @@ def progress_line(manifest: dict, prompts_left: int, examples: list[Example], se
 def open_engine(target: str, dtype: str, seed: int, batch_size: int):
     """A vLLM engine for plain decoding, at most batch_size sequences at a time (continuous batching)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "3")  # GiB: 256 sequences of ~350 tokens need ~2 GiB in bf16
+    # vLLM gives a model step 300 s (and a start 600 s) of wall time; a job paused with SIGSTOP for longer
+    # wakes up past that deadline and its engine dies. Paused is not stuck: allow a week.
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(7 * 24 * 3600))
+    os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", str(7 * 24 * 3600))
     from ..vllm_backend import VllmEngine
 
     return VllmEngine(target, method="ar", dtype=dtype, seed=seed, max_num_seqs=batch_size)
