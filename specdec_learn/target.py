@@ -21,6 +21,13 @@ hooks, rather than asking HF for every layer's hidden states.
 The cache invariant: the target's KV cache always holds every committed token
 except the last one (``state.ids[:-1]``). The last token has been chosen but
 not yet run through the target; the next verify pass runs it first.
+
+Keeping that invariant after a rejection means taking the rejected drafts back
+out of the cache. How depends on the kind of layer (the bottom of this file):
+full attention crops; sliding-window attention crops too, once told to keep
+its past (`record_past`); linear attention (Qwen3.5, Qwen3-Next) cannot be
+cropped at all, so verify snapshots its state and commit replays the accepted
+rows (`LinearState`, `Target.commit`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from . import models
 
@@ -42,6 +50,9 @@ class DecodeState:
     ids: list[int]  # every committed token: prompt + generated; ids[-1] = `last`
     prompt_len: int
     cache: DynamicCache  # target K/V for ids[:-1]
+    # Linear-attention targets only: the state before the last verify and what
+    # each linear layer read during it, for `commit` to roll back (see LinearState).
+    rollback: Rollback | None = None
 
     @property
     def num_cached(self) -> int:
@@ -72,6 +83,8 @@ class Target:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
+        # Linear-attention layers' token mixers, by layer index: commit replays them (see `commit`).
+        self.mixers: dict[int, torch.nn.Module] = linear_mixers(self.decoder, cfg)
 
     @property
     def max_context(self) -> int | None:
@@ -82,13 +95,15 @@ class Target:
     def can_roll_back(self) -> bool:
         """Whether rejected drafts can be taken back out of the cache.
 
-        Attention caches crop: drop the last positions and they were never
-        there. Linear-attention layers (Qwen3.5, Qwen3-Next) fold every token
-        into one recurrent state, which cannot be un-folded, so speculation on
-        such a target needs per-draft state snapshots that this loop does not
-        keep (vLLM does: use backend="vllm").
+        Attention layers crop (full and sliding-window alike, see `record_past`);
+        Qwen3.5 / Qwen3-Next linear-attention layers are snapshotted and
+        replayed (`commit`). Any other kind of layer (a Mamba or short-conv
+        mixer, a layer that is attention and recurrence at once) is not
+        handled here: such a target decodes without a drafter (vLLM keeps
+        per-draft states for some of them: use backend="vllm").
         """
-        return "linear_attention" not in (getattr(self.config, "layer_types", None) or ())
+        types = getattr(self.config, "layer_types", None) or ()
+        return all(kind in ATTENTION_TYPES or i in self.mixers for i, kind in enumerate(types))
 
     # -- the model's parts that drafters share ---------------------------
     @property
@@ -146,21 +161,88 @@ class Target:
             raise ValueError("The prompt is empty: give the model some text to continue.")
         state = DecodeState(ids=list(ids), prompt_len=len(ids), cache=DynamicCache(config=self.model.config))
         if len(ids) == 1:  # nothing to prefill: the single token is `last`
-            return state, TargetOutput(logits=None, hidden={t: self._empty_hidden() for t in taps})
-        return state, self.forward(state, ids[:-1], taps, logits=False)
+            out = TargetOutput(logits=None, hidden={t: self._empty_hidden() for t in taps})
+        else:
+            out = self.forward(state, ids[:-1], taps, logits=False)
+        # The prompt is committed; from here on positions may be rejected. Switching on
+        # only now keeps a long prompt's K/V out of the sliding layers (HF's generate
+        # waits for the prefill for the same reason).
+        record_past(state.cache)
+        return state, out
 
     def verify(self, state: DecodeState, drafts: list[int], taps=()) -> TargetOutput:
-        """One forward over [last, d1..dk] -> logits [k+1, V] (+ taps [k+1, H])."""
-        return self.forward(state, [state.ids[-1], *drafts], taps)
+        """One forward over [last, d1..dk] -> logits [k+1, V] (+ taps [k+1, H]).
+
+        On a linear-attention target, first snapshot the linear state and keep
+        what each linear layer reads, so that `commit` can roll back.
+        """
+        tokens = [state.ids[-1], *drafts]
+        if not drafts or not self.mixers:  # nothing that could be rejected, or only attention layers
+            return self.forward(state, tokens, taps)
+        state.rollback = Rollback(LinearState.take(state.cache))
+        with self._keeping_mixer_inputs(state.rollback.inputs):
+            return self.forward(state, tokens, taps)
 
     def commit(self, state: DecodeState, tokens: list[int]) -> None:
-        """Append the round's output tokens (accepted drafts + next) and crop the cache.
+        """Append the round's output tokens (accepted drafts + next) and take the rejected drafts out of the cache.
 
         verify ran [last, d1..dk]; the round output is d1..dn followed by the
-        target's own token. The K/V of [last, d1..dn] stay; d_{n+1}..d_k go.
+        target's own token. The cache keeps [last, d1..dn] (n+1 = len(tokens)
+        rows); d_{n+1}..d_k go: attention layers crop them, linear-attention
+        layers roll back.
+
+        Rolling back a linear-attention layer: its state after verify has
+        folded in all k+1 rows and cannot un-fold the last k-n. So restore the
+        state from before verify and run the layer's token mixer again on its
+        first n+1 input rows, kept during verify. Only the mixers run, not the
+        attention layers, MLPs or the LM head: a layer's state depends only on
+        its own inputs, which causality left unchanged for the kept rows.
+
+        What it costs, per round with a rejection: one copy of every linear
+        layer's state (in verify, every round with drafts) and one pass of the
+        linear mixers over n+1 rows (here). Measured in the loop on the tiny
+        hybrid Qwen3.5 of tests/test_hybrid.py (3 linear + 1 full layer, fp32,
+        2 threads of an Intel Xeon shared with other jobs, drafts of 4 partly
+        accepted): the copy 0.04 ms a round; the replay 10 ms at H = 32, 0.7
+        of a target forward (a model this small is all per-op overhead, most
+        of it in the linear layers), and 5 ms at H = 256, 0.3 of a forward.
+        On a GPU, where a forward over a few rows costs what reading the
+        weights costs, the replay reads the mixers' weights once more: for
+        Qwen3-Next-80B-A3B's published shapes (hidden 2048, 16 key and 32
+        value heads of 128, 36 of 48 layers linear) about 1.2B of its ~3B
+        active parameters, so up to ~0.4 of a forward. Replaying the whole
+        model would cost a full forward. vLLM needs no second pass: its
+        kernels write the state at every draft position during verify and
+        keep the accepted one.
         """
         state.ids.extend(tokens)
+        rollback, state.rollback = state.rollback, None
+        if rollback is not None and len(tokens) < rollback.rows:  # some drafts rejected
+            self._replay_mixers(state, rollback, rows=len(tokens))
         crop_cache(state.cache, state.num_cached)
+
+    @torch.inference_mode()
+    def _replay_mixers(self, state: DecodeState, rollback: Rollback, rows: int) -> None:
+        """Put every linear layer back where the first `rows` verified rows leave it."""
+        rollback.before.restore(state.cache)
+        for i, mixer in self.mixers.items():
+            mixer(hidden_states=rollback.inputs[i][:, :rows], cache_params=state.cache)  # [1, rows, H]
+
+    @contextmanager
+    def _keeping_mixer_inputs(self, inputs: dict[int, torch.Tensor]):
+        """During one forward, keep what each linear layer's token mixer reads ([1, n, H])."""
+
+        def keep(i):
+            def hook(_module, args, kwargs):
+                inputs[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        handles = [m.register_forward_pre_hook(keep(i), with_kwargs=True) for i, m in self.mixers.items()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     # -- hidden-state taps -------------------------------------------------
     @contextmanager
@@ -214,11 +296,114 @@ def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
+# -- taking rejected drafts back out of a cache ---------------------------------------
+#
+# An HF DynamicCache holds one object per layer, of one of three kinds:
+#
+# * full attention (DynamicLayer): K/V for every position; crop drops the last ones.
+# * sliding window (DynamicSlidingWindowLayer, Gemma 2/3/4, Mistral): K/V for
+#   the last window-1 positions only. Once the context passes the window, the
+#   positions a crop would expose again are gone, so transformers refuses to
+#   crop (RuntimeError) unless the layer was told to keep its past:
+#   `activate_past_recording()`. Then an update keeps all new K/V until the
+#   next crop, which drops the rejected ones AND trims back to window-1, even
+#   crop(0). That is exactly how transformers 5.19's own assisted decoding
+#   works (generation/utils.py `_assisted_decoding`: `cache.activate_past_recording()`
+#   before the loop, `crop(-rejected)` after every verify, including zero).
+# * linear attention (LinearAttentionLayer, Qwen3.5, Qwen3-Next): a conv state
+#   and a recurrent state that every token is folded into. Past recording
+#   helps the conv state only; the recurrent state cannot be cropped (HF
+#   refuses assisted decoding on these models: `_is_stateful`). We snapshot
+#   and replay instead (`LinearState`, `Target.commit`).
+
+# The attention kinds Target rolls back. Llama 4's "chunked_attention" uses the sliding
+# cache class too but is not tested here, so it is refused rather than trusted.
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def is_linear(layer) -> bool:
+    """A linear-attention cache layer: states, no positions (crop does not apply)."""
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def record_past(cache: DynamicCache) -> None:
+    """Let the sliding-window layers of `cache` be cropped past their window (see above).
+
+    Call it once everything in the cache is committed: K/V written before it
+    are trimmed to the window as usual, K/V written after it wait for the next
+    `crop_cache`. Linear-attention layers are left alone (they roll back by snapshot).
+    """
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) and not is_linear(layer):
+            layer.activate_past_recording()
+
+
 def crop_cache(cache: DynamicCache, keep: int) -> None:
-    """Drop every cached position from `keep` on (the rejected drafts)."""
-    extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)  # a negative count removes that many positions from the end
+    """Drop every cached position from `keep` on (the rejected drafts).
+
+    A recording sliding-window layer is cropped even when nothing is dropped:
+    crop(0) trims what it kept back to its window (HF's assisted decoding
+    calls it every round for the same reason). Linear-attention layers are
+    skipped: they hold no positions (Target.commit rolls them back).
+    """
+    extra = max(cache.get_seq_length() - keep, 0)
+    for layer in cache.layers:
+        if is_linear(layer) or not layer.is_initialized:
+            continue
+        if extra or getattr(layer, "record_past", False):
+            layer.crop(-extra)  # a negative count removes that many positions from the end
+
+
+@dataclass
+class LinearState:
+    """A copy of every linear-attention layer's state in a cache, to put back later.
+
+    The fields copied are those of transformers 5.19's
+    ``LinearAttentionCacheLayerMixin`` (cache_utils.py): per state index a
+    conv state [1, conv_dim, kernel] and a recurrent state [1, heads, d_k, d_v],
+    and the flags saying which exist. Tensors are cloned: the model updates
+    them in place.
+    """
+
+    layers: dict[int, dict]  # layer index -> {field: value}
+
+    FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized",
+              "is_recurrent_states_initialized", "has_previous_state", "conv_kernel_size")
+
+    @classmethod
+    def take(cls, cache: DynamicCache) -> LinearState:
+        return cls({i: {f: _copied(getattr(layer, f)) for f in cls.FIELDS}
+                    for i, layer in enumerate(cache.layers) if is_linear(layer)})
+
+    def restore(self, cache: DynamicCache) -> None:
+        """Hand the copies back to `cache`, once: from then on the cache updates them in place."""
+        for i, fields in self.layers.items():
+            for f, value in fields.items():
+                setattr(cache.layers[i], f, value)
+        self.layers = {}
+
+
+def _copied(per_state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in per_state.items()}
+
+
+@dataclass
+class Rollback:
+    """What `Target.verify` leaves for `Target.commit` on a linear-attention target."""
+
+    before: LinearState  # the linear state before verify
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> its mixer's input [1, k+1, H]
+
+    @property
+    def rows(self) -> int:
+        return next(iter(self.inputs.values())).shape[1]
+
+
+def linear_mixers(decoder, config) -> dict[int, torch.nn.Module]:
+    """The token mixer of each linear-attention layer (Qwen3.5 / Qwen3-Next name it ``linear_attn``)."""
+    types = getattr(config, "layer_types", None) or ()
+    return {i: decoder.layers[i].linear_attn for i, kind in enumerate(types)
+            if kind == "linear_attention" and hasattr(decoder.layers[i], "linear_attn")}
 
 
 def now(target: Target | None = None) -> float:
@@ -228,7 +413,7 @@ def now(target: Target | None = None) -> float:
 
 
 def load(name_or_path: str = "smollm2-135m", dtype=None, device: str | None = None, cache_dir=None) -> Target:
-    """Load a target: 'smollm2-135m' (embedded, offline), a local HF directory, or a hub id.
+    """Load a target: 'smollm2-135m' or 'gemma3-270m' (embedded, offline), a local HF directory, or a hub id.
 
     dtype: 'fp32', 'bf16', 'fp16' or a torch dtype; default fp32 on a CPU, bf16 on a GPU.
     device: 'cpu', 'cuda' (CUDA and ROCm alike); default: a GPU when there is one.

@@ -83,7 +83,7 @@ def tiny_qwen3_5():
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(0)
-    # All full attention: our Target cannot roll back linear-attention state (see the last test).
+    # All full attention: the published layout is what is under test here (hybrid targets: test_hybrid.py).
     cfg = Qwen3_5TextConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, layer_types=["full_attention"] * 2, eos_token_id=1,
@@ -184,17 +184,18 @@ def test_zoo_without_a_shipped_head_says_what_to_do():
         make_drafter("mtp", tiny_target())
 
 
-def test_linear_attention_target_is_refused_for_speculation_but_decodes_plainly():
-    """Qwen3.5's linear-attention state cannot drop rejected drafts: a clear error, not a wrong answer."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+def test_recurrent_layers_without_a_rollback_are_refused_for_speculation_but_decode_plainly():
+    """A layer kind Target cannot roll back (LFM2's short convolutions) gets a clear error, not a wrong answer.
+    Qwen3.5 / Qwen3-Next linear attention is rolled back (tests/test_hybrid.py)."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3_5TextConfig(
+    cfg = Lfm2Config(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention"], eos_token_id=1,
-        bos_token_id=None, pad_token_id=None,
+        num_key_value_heads=2, layer_types=["conv", "full_attention"], eos_token_id=1, bos_token_id=None,
+        pad_token_id=None,
     )
-    target = Target(Qwen3_5ForCausalLM(cfg).eval(), None, name="tiny-qwen3.5")
+    target = Target(Lfm2ForCausalLM(cfg).eval(), None, name="tiny-lfm2")
     assert not target.can_roll_back
     assert len(sd.generate(target, list(range(3, 20)), max_new_tokens=4).tokens) == 4
     with pytest.raises(ValueError, match="linear-attention.*vllm"):

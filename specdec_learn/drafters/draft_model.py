@@ -6,6 +6,17 @@ big model checks all k in one pass. The small model keeps its own KV cache.
 Its cache holds only committed tokens plus its own latest drafts, so after
 each round we crop it back to the prefix the target accepted.
 
+Two kinds of draft model need more than a crop (target.py explains both):
+
+* sliding-window layers (a Gemma 3 drafting for a bigger Gemma 3): the cache
+  is told to keep its past once the committed tokens are in (`record_past`),
+  as transformers' assisted decoding does for its assistant's cache, so that
+  the crop still works past the window;
+* linear-attention layers (a small Qwen3.5 drafting for a big one): their
+  state is snapshotted after the catch-up, when it holds committed tokens
+  only, and put back in `observe`; the next catch-up then feeds the accepted
+  drafts again, in one batched pass (n+1 tokens instead of one).
+
 Under sampling the drafts are drawn from the draft model's own distribution q
 (with the request's temperature / top-k / top-p applied) and q goes to the
 rejection sampler; under greedy decoding the drafts are argmaxes and need no q.
@@ -17,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import crop_cache
+from ..target import LinearState, crop_cache, is_linear, record_past
 from .base import Drafter, Proposal
 
 
@@ -28,12 +39,15 @@ class DraftModelDrafter(Drafter):
         """`model`: an HF causal LM sharing the target's vocabulary (checked when `target` is given)."""
         self.model = model.eval()
         self.cache: DynamicCache | None = None
+        self.committed: LinearState | None = None  # linear-attention draft models: the state after the catch-up
+        self.committed_len = 0  # positions in the cache when that snapshot was taken
         if target is not None:
             check_same_vocabulary(model, target)
 
     def start(self, target, state, hidden) -> None:
         check_same_vocabulary(self.model, target)
         self.cache = DynamicCache(config=self.model.config)
+        self.committed = None
 
     @torch.inference_mode()
     def _step(self, tokens: list[int]) -> torch.Tensor:
@@ -46,6 +60,10 @@ class DraftModelDrafter(Drafter):
         # Catch up on committed tokens the draft model has not seen yet
         # (the whole prompt at first, afterwards the target's own token(s)).
         logits = self._step(state.ids[self.cache.get_seq_length() :])
+        # Everything in the cache is committed now; what follows may be rejected.
+        record_past(self.cache)
+        if any(is_linear(layer) for layer in self.cache.layers):
+            self.committed, self.committed_len = LinearState.take(self.cache), self.cache.get_seq_length()
         tokens, qs = [], []
         for i in range(k):
             tokens.append(draft_token(logits, sampling, generator, qs))
@@ -56,7 +74,15 @@ class DraftModelDrafter(Drafter):
     def observe(self, state, accepted, hidden) -> None:
         # The cache holds committed ids up to `last`, then d1..d(k-1). Keep the
         # accepted drafts; state.ids[-1] (the target's token) is run next round.
-        crop_cache(self.cache, len(state.ids) - 1)
+        if self.committed is None:
+            crop_cache(self.cache, len(state.ids) - 1)
+            return
+        # Linear-attention layers cannot drop drafts: go back to the state after
+        # the catch-up (attention layers cropped to match) and let the next
+        # catch-up run the accepted drafts again.
+        self.committed.restore(self.cache)
+        crop_cache(self.cache, self.committed_len)
+        self.committed = None
 
 
 def check_same_vocabulary(draft_model, target) -> None:
