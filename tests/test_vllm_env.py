@@ -1,6 +1,6 @@
 """environment-rocm.yml cannot be run here (no AMD GPU), but it can be kept honest:
-every package the library, the book and the tests need appears in it with the
-same pin as in pyproject.toml, and its vLLM is the release the CPU tests run."""
+every package the library, the book and the tests need appears in it, within
+the range pyproject.toml allows (narrower where vLLM's ROCm wheel needs it), and its vLLM is the release the CPU tests run."""
 
 import tomllib
 from pathlib import Path
@@ -31,13 +31,46 @@ def rocm_pip_requirements() -> dict[str, Requirement]:
     return {canonicalize_name(r.name): r for r in reqs}
 
 
-def test_rocm_env_pins_what_pyproject_pins():
+def versions_around(*specifiers: SpecifierSet) -> list[Version]:
+    """Every version the specifiers name, and one just below and just above each: enough points
+    to tell whether one set of >=, <, == clauses allows a version the other does not."""
+    points = set()
+    for spec in specifiers:
+        for clause in spec:
+            v = Version(clause.version)
+            points |= {v, Version(f"{v}.1")}
+            nonzero = [i for i, part in enumerate(v.release) if part]
+            if nonzero:  # 2.13.0 -> 2.12.999, 5.20 -> 5.19.999
+                i = nonzero[-1]
+                points.add(Version(".".join(map(str, v.release[:i] + (v.release[i] - 1, 999)))))
+    return sorted(points)
+
+
+def allowed_outside(theirs: SpecifierSet, ours: SpecifierSet) -> list[str]:
+    """The versions `theirs` allows and `ours` does not (among the points that can tell)."""
+    return [str(v) for v in versions_around(ours, theirs) if v in theirs and v not in ours]
+
+
+def test_allowed_outside_tells_a_narrower_range_from_a_wider_one():
+    ours = SpecifierSet(">=5.19,<5.23")
+    assert allowed_outside(SpecifierSet(">=5.19,<5.20"), ours) == []
+    assert allowed_outside(SpecifierSet("==5.19.0"), ours) == []
+    assert allowed_outside(SpecifierSet(">=5.19,<5.24"), ours) == ["5.23", "5.23.1", "5.23.999"]
+    assert allowed_outside(SpecifierSet(">=5.18"), ours) != []
+    assert allowed_outside(SpecifierSet("==2.13.0"), SpecifierSet(">=2.13")) == []
+
+
+def test_rocm_env_stays_inside_what_pyproject_allows():
+    """The ROCm file may be narrower than pyproject.toml (vLLM's ROCm wheel brings torch 2.13.0 and
+    needs transformers < 5.20), never wider, and it must name every package."""
     ours, rocm = pyproject_requirements(), rocm_pip_requirements()
     missing = sorted(set(ours) - set(rocm))
-    assert not missing, f"environment-rocm.yml lacks {missing}: add them with the pins of pyproject.toml"
+    assert not missing, f"environment-rocm.yml lacks {missing}: add them within the ranges of pyproject.toml"
     for name, req in ours.items():
-        assert rocm[name].specifier == req.specifier, (
-            f"{name}: pyproject.toml says {req.specifier}, environment-rocm.yml says {rocm[name].specifier}"
+        theirs = rocm[name].specifier
+        wider = allowed_outside(theirs, req.specifier)
+        assert not wider, (
+            f"{name}: environment-rocm.yml's {theirs} allows {wider}, outside pyproject.toml's {req.specifier}"
         )
     extra = sorted(set(rocm) - set(ours) - {"vllm"})
     assert not extra, f"environment-rocm.yml installs {extra}, which pyproject.toml does not list"
