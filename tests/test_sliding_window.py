@@ -129,19 +129,8 @@ def learned_drafter(name, target):
     return DSparkDrafter(DSparkModel(dspark_config(target, block_size=7)))
 
 
-# Gemma 3 keys its rope settings by attention type (config.rope_parameters = {"sliding_attention": ...,
-# "full_attention": ...}; rotary_emb(x, positions, layer_type)). The learned drafters' builders read a flat
-# one: formats/speculators.py `eagle3_config_for` (KeyError 'rope_theta'), drafters/dflash.py `draft_config`
-# (KeyError 'rope_type'), drafters/mtp.py `rotary` (TypeError: missing 'layer_type'). Strict: fixing them
-# turns these into failures that say "remove the marker".
-PER_TYPE_ROPE_GAP = pytest.mark.xfail(strict=True, raises=(KeyError, TypeError),
-                                      reason="builders read a flat rope config; Gemma 3 keys it by layer type")
-
-
 @pytest.mark.parametrize("name", ["mtp", "eagle3", "dflash", "dspark"])
-def test_learned_drafters_are_lossless_past_the_window(target, ar, name, request):
-    if target.name == "tiny-gemma3":
-        request.applymarker(PER_TYPE_ROPE_GAP)
+def test_learned_drafters_are_lossless_past_the_window(target, ar, name):
     stats = check_lossless(target, ar, learned_drafter(name, target), ks=(3,))
     assert stats.num_accepted_tokens < stats.num_draft_tokens
 

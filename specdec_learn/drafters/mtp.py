@@ -310,6 +310,8 @@ def rotary(target, x: torch.Tensor, positions: torch.Tensor):
     rotary = target.decoder.rotary_emb
     if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
         positions = positions[None].expand(3, 1, -1)
+    if "full_attention" in getattr(rotary, "layer_types", ()):  # Gemma 3: one rotary per attention type
+        return rotary(x, positions, "full_attention")
     return rotary(x, positions)
 
 

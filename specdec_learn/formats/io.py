@@ -87,6 +87,22 @@ def qwen3_config(d: dict):
     return Qwen3Config(**d)
 
 
+def full_attention_rope(config) -> dict:
+    """A target's RoPE settings as one flat dict (``rope_type``, ``rope_theta``, scaling keys).
+
+    Most configs hold one dict; Gemma 3 keys it by layer type (``{"sliding_attention": ...,
+    "full_attention": ...}``, different thetas). A drafter's layer attends over the whole
+    context, so it takes the full-attention settings.
+    """
+    rope = getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]
+    rope = dict(rope)
+    rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope.setdefault("rope_type", "default")
+    return rope
+
+
 def cpu_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies, floats cast to `dtype` (None keeps each tensor's own), as safetensors wants."""
     return {name: t.detach().to("cpu", dtype if (dtype is not None and t.is_floating_point()) else t.dtype)

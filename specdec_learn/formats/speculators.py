@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 
 from .deepspec import HEAD_KEYS, head_fields, read_heads
-from .io import qwen3_config, read_config, read_weights, write_folder
+from .io import full_attention_rope, qwen3_config, read_config, read_weights, write_folder
 
 LAYER_TYPES = ("llama", "qwen3")  # the draft layer types our EAGLE-3 network implements
 
@@ -187,7 +187,7 @@ def eagle3_config_for(target, draft_vocab_size: int, taps: tuple[int, ...], inte
                       ) -> Eagle3Config:
     """The config of a fresh one-layer drafter for `target`: its layer shaped like the target's."""
     c = target.config
-    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
+    rope = full_attention_rope(c)
     layer = {
         "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
         "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
@@ -198,6 +198,8 @@ def eagle3_config_for(target, draft_vocab_size: int, taps: tuple[int, ...], inte
         "rope_theta": rope["rope_theta"], "attention_bias": getattr(c, "attention_bias", False),
         "mlp_bias": getattr(c, "mlp_bias", False), "tie_word_embeddings": False,
     }
+    if rope["rope_type"] != "default":  # the old-style key, which speculators and vLLM both read
+        layer["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return Eagle3Config(layer, draft_vocab_size, tuple(taps))
 
 
