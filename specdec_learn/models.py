@@ -156,7 +156,7 @@ def _convert_gguf(wheel_dir: Path, gguf_file: str, out: Path) -> None:
     """De-quantise a GGUF file with transformers and save a plain fp32 HF directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[specdec] converting {gguf_file} once into {out} (about 20 s) ...", flush=True)
+    print(f"[specdec] converting {gguf_file} once into {out} (20 s for SmolLM2, minutes for Gemma 3) ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(wheel_dir, gguf_file=gguf_file)
     if gguf_says_add_bos(wheel_dir / gguf_file) and not tokenizer.add_bos_token:
         # transformers 5.19 builds the tokenizer without reading tokenizer.ggml.add_bos_token;

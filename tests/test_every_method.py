@@ -32,7 +32,7 @@ def generate(method: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ar_text():
+def ar_text(target):  # `target` (conftest) converts the model first: the CLI would print that on stdout
     text, stats = generate("ar")
     assert text.strip() and stats.startswith("[ar k=0]") and stats.endswith("mean acceptance length 1.00")
     return text
