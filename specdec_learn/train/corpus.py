@@ -418,6 +418,20 @@ def snapshot_source(cache: Path) -> Path:
 LAUNCHER = "import sys; from specdec_learn.train.corpus import main; sys.exit(main(sys.argv[1:]))"
 
 
+def lower_autogroup(pid: int) -> None:
+    """Give the job's whole session the lowest CPU priority, not just its processes.
+
+    Linux with autogroup scheduling (most desktop kernels, and this machine) shares
+    the CPU fairly between sessions first and applies `nice` only within one, so a
+    niced job in a session of its own still takes half the cores from the user's
+    session. The session's own nice value (/proc/<pid>/autogroup) is what yields.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text("19\n")
+    except OSError:  # not Linux, or autogroup off: plain nice is all there is
+        pass
+
+
 def start(args, argv: list[str]) -> int:
     """Start `build` in the background: its own session (so its own process group), niced, logging to a file."""
     if (pid := running_pid()) is not None:
@@ -433,6 +447,7 @@ def start(args, argv: list[str]) -> int:
         log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, cwd=source, env=env)  # setsid: pid == pgid; cwd: not the tree
+    lower_autogroup(process.pid)
     pid_file.write_text(f"{process.pid}\n")
     print(f"Started the corpus job, process group {process.pid}; log: {log_file}\n"
           f"  pause:  kill -STOP -{process.pid}\n  resume: kill -CONT -{process.pid}")
