@@ -96,7 +96,7 @@ hf-compare: $(VENV)/.installed
 
 # The newest releases a new user gets: the newest torch pip resolves today, then everything else as
 # `pip install -e ".[test,notebooks]"` resolves it into a venv that has that torch (which it must keep);
-# every method and the Gemma 4 assistant's fast tests run there. Then the newest transformers on PyPI, past
+# NEWEST_TESTS run there. Then the newest transformers on PyPI, past
 # pyproject's ceiling: the same canary runs once more and reports, without failing CI (README, "Versions").
 NEWEST_VENV  := .venv-newest
 NEWEST_PY    := $(NEWEST_VENV)/bin/python

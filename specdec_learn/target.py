@@ -151,8 +151,8 @@ class Target:
                 input_ids=input_ids,
                 past_key_values=state.cache,
                 use_cache=True,
-                # a slice, not an int: transformers 5.24 reads an int as leave to run KV-shared layers
-                # (Gemma 4) on the last positions only, which the hidden-state taps must not lose
+                # a slice, not an int: given an int, transformers 5.24 runs Gemma 4's KV-shared layers
+                # on the last positions only, and the hidden-state taps need every position
                 logits_to_keep=slice(-len(tokens) if logits else -1, None),
             )
         return TargetOutput(logits=out.logits[0] if logits else None, hidden=dict(hidden))

@@ -129,6 +129,37 @@ def learned_drafter(name, target):
     return DSparkDrafter(DSparkModel(dspark_config(target, block_size=7)))
 
 
+def test_fresh_drafters_rotate_as_the_targets_full_attention_layers():
+    """Gemma 3 keys RoPE by layer type (sliding: theta 1e4; full: theta 1e6, here with linear scaling x8): a
+    fresh EAGLE-3, DFlash or MTP drafter gets the full-attention cos/sin, scaling included."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from specdec_learn.drafters.dflash import DFlashModel, draft_config
+    from specdec_learn.drafters.eagle3 import new_eagle3
+    from specdec_learn.drafters.mtp import rotary
+
+    cfg = Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0}},
+        eos_token_id=None, bos_token_id=2, pad_token_id=0)
+    target = Target(Gemma3ForCausalLM(cfg).eval(), None, name="tiny-gemma3-scaled")
+    positions = torch.arange(0, 600, 37)
+    x = torch.zeros(1, len(positions), 8)
+    want_cos, want_sin = target.decoder.rotary_emb(x, positions[None], "full_attention")
+    sliding_cos, _ = target.decoder.rotary_emb(x, positions[None], "sliding_attention")
+    assert not torch.allclose(want_cos, sliding_cos, atol=1e-3)  # the two layer types really differ
+    got = {
+        "eagle3": new_eagle3(target, taps=(0, 1, 1)).rope(positions),
+        "dflash": DFlashModel(draft_config(target, block_size=4, target_layer_ids=[0, 1])).rope(positions, x[0]),
+        "mtp": tuple(t[0] for t in rotary(target, x, positions[None])),
+    }
+    for name, (cos, sin) in got.items():
+        torch.testing.assert_close(cos, want_cos[0], atol=1e-6, rtol=1e-5, msg=f"{name}: cos")
+        torch.testing.assert_close(sin, want_sin[0], atol=1e-6, rtol=1e-5, msg=f"{name}: sin")
+
+
 @pytest.mark.parametrize("name", ["mtp", "eagle3", "dflash", "dspark"])
 def test_learned_drafters_are_lossless_past_the_window(target, ar, name):
     stats = check_lossless(target, ar, learned_drafter(name, target), ks=(3,))
