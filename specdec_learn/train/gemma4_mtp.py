@@ -115,8 +115,10 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
         valid = valid & mask[label_pos]
         e = target.embed_tokens(ids[tok])[None].float() * scale  # [1, P, H_b]
         x = assistant.pre_projection(torch.cat([e, state], dim=-1))  # [1, P, H_d]
-        d = assistant.model(inputs_embeds=x, attention_mask=masks, position_ids=p[None],
-                            shared_kv_states=shared, use_cache=False).last_hidden_state  # [1, P, H_d], normed
+        # output_hidden_states: transformers 5.24 otherwise takes a shortcut for KV-shared layers that
+        # slices per-layer inputs, which an assistant does not have (a TypeError); 5.19-5.22 have no shortcut
+        d = assistant.model(inputs_embeds=x, attention_mask=masks, position_ids=p[None], shared_kv_states=shared,
+                            use_cache=False, output_hidden_states=True).last_hidden_state  # [1, P, H_d], normed
         if valid.any():
             logits = assistant.lm_head(d[0, valid]) if table is None else d[0, valid] @ table.T  # [r, V]
             labels = ids[label_pos[valid]]
