@@ -45,6 +45,28 @@ def tiny_llama(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2
     return LlamaForCausalLM(cfg).eval()
 
 
+def learned_drafter(name: str, target):
+    """A random-weight drafter of a learned method that reads `target`'s hidden states, shaped for it.
+
+    Untrained, so the verifier alone decides the output: what a losslessness test on a tiny target needs.
+    """
+    from specdec_learn.drafters.dflash import DFlashDrafter, DFlashModel, draft_config
+    from specdec_learn.drafters.dspark import DSparkDrafter, DSparkModel, dspark_config
+    from specdec_learn.drafters.eagle3 import Eagle3Drafter, new_eagle3
+    from specdec_learn.drafters.mtp import MTPDrafter, random_mtp_head
+
+    torch.manual_seed(0)
+    if name == "mtp":
+        return MTPDrafter(random_mtp_head(target), target)
+    if name == "eagle3":
+        return Eagle3Drafter(new_eagle3(target), target)
+    if name == "dflash":
+        return DFlashDrafter(DFlashModel(draft_config(target, block_size=8)))
+    if name == "dspark":
+        return DSparkDrafter(DSparkModel(dspark_config(target, block_size=7)))
+    raise ValueError(f"no learned drafter {name!r}")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

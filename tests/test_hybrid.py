@@ -21,10 +21,10 @@ import math
 
 import pytest
 import torch
+from conftest import learned_drafter, tiny_llama
 from scipy.stats import chisquare
 
 import specdec_learn as sd
-from conftest import tiny_llama
 from specdec_learn.drafters.mtp import MTPDrafter, random_mtp_head
 from specdec_learn.sampling import GREEDY, Sampling
 from specdec_learn.target import Target, is_linear
@@ -203,6 +203,14 @@ def drive(target, drafter, ids, accepts, k):
 def test_native_mtp_is_lossless(target, ar):
     """Native MTP, the method these models were trained with: a random head (qwen3_next layout)."""
     stats = check_lossless(target, ar, MTPDrafter(random_mtp_head(target, num_layers=1), target))
+    assert stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "dspark"])
+def test_learned_drafters_that_read_taps_are_lossless(target, ar, name):
+    """EAGLE-3, DFlash and DSpark read hidden states of linear-attention layers too (z-lab ships a DFlash for
+    Qwen3.5-4B): after a rollback they observe only the kept rows' taps."""
+    stats = check_lossless(target, ar, learned_drafter(name, target), ks=(3,))
     assert stats.num_accepted_tokens < stats.num_draft_tokens
 
 

@@ -14,6 +14,7 @@ suffix drafters can pick up (accepted AND rejected drafts in every run).
 
 import pytest
 import torch
+from conftest import learned_drafter
 
 import specdec_learn as sd
 from specdec_learn.target import Target
@@ -112,23 +113,6 @@ def test_sliding_window_draft_model_is_lossless(target, ar):
     assert stats.num_accepted_tokens < stats.num_draft_tokens
 
 
-def learned_drafter(name, target):
-    """A random-weight drafter that reads the target's hidden states (the verifier alone decides the output)."""
-    from specdec_learn.drafters.dflash import DFlashDrafter, DFlashModel, draft_config
-    from specdec_learn.drafters.dspark import DSparkDrafter, DSparkModel, dspark_config
-    from specdec_learn.drafters.eagle3 import Eagle3Drafter, new_eagle3
-    from specdec_learn.drafters.mtp import MTPDrafter, random_mtp_head
-
-    torch.manual_seed(0)
-    if name == "mtp":
-        return MTPDrafter(random_mtp_head(target), target)
-    if name == "eagle3":
-        return Eagle3Drafter(new_eagle3(target), target)
-    if name == "dflash":
-        return DFlashDrafter(DFlashModel(draft_config(target, block_size=8)))
-    return DSparkDrafter(DSparkModel(dspark_config(target, block_size=7)))
-
-
 def test_fresh_drafters_rotate_as_the_targets_full_attention_layers():
     """Gemma 3 keys RoPE by layer type (sliding: theta 1e4; full: theta 1e6, here with linear scaling x8): a
     fresh EAGLE-3, DFlash or MTP drafter gets the full-attention cos/sin, scaling included."""
@@ -169,7 +153,12 @@ def test_learned_drafters_are_lossless_past_the_window(target, ar, name):
 def test_gemma4_assistant_is_lossless_past_the_window():
     """Gemma 4: a target with sliding (window 8) and full layers, and an assistant that reads the target's own
     cache, whose sliding layers now hold window-1 positions after every commit."""
-    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
+    from transformers import (
+        Gemma4AssistantConfig,
+        Gemma4AssistantForCausalLM,
+        Gemma4ForCausalLM,
+        Gemma4TextConfig,
+    )
 
     from specdec_learn.drafters.gemma4_mtp import Gemma4AssistantDrafter
 

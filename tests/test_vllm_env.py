@@ -1,6 +1,7 @@
 """environment-rocm.yml cannot be run here (no AMD GPU), but it can be kept honest:
 every package the library, the book and the tests need appears in it, within
-the range pyproject.toml allows (narrower where vLLM's ROCm wheel needs it), and its vLLM is the release the CPU tests run."""
+the range pyproject.toml allows (narrower where vLLM's ROCm wheel needs it),
+and its vLLM is the release the CPU tests run."""
 
 import tomllib
 from pathlib import Path
