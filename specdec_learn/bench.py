@@ -10,6 +10,17 @@ stats.py), the throughput, the speedup over AR, and `greedy_match`: the
 fraction of prompts whose output equals AR's token for token. Under greedy
 decoding in fp32 that must be 1.0; in bf16 a different batch shape can flip a
 near-tie in the logits, so we report the rate rather than hide it.
+
+Two costs, both in units of one AR step of the same run (its seconds per
+round: a one-row forward plus acceptance), say where a method's time goes:
+
+* `draft_cost` (c): the drafter's seconds per drafted token (propose and
+  observe, over all drafted tokens);
+* `verify_cost`: the seconds of one verify round (k+1 rows and acceptance).
+
+With mean acceptance length tau, a round of k drafts costs about
+k*c + verify_cost AR steps and yields tau tokens, so the speedup is about
+tau / (k*c + verify_cost): the record shows which of the three limits it.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ class Record:
     outputs: list[list[int]] = field(repr=False)
     speedup: float = 1.0
     greedy_match: float = 1.0
+    draft_cost: float | None = None  # c: drafter seconds per drafted token / AR seconds per step (None: no drafts)
+    verify_cost: float | None = None  # seconds per verify round / AR seconds per step
 
     def to_json(self) -> dict:
         return {
@@ -48,6 +61,8 @@ class Record:
             "k": self.k,
             "speedup": self.speedup,
             "greedy_match": self.greedy_match,
+            "draft_cost": self.draft_cost,
+            "verify_cost": self.verify_cost,
             **self.stats.summary(),
         }
 
@@ -107,11 +122,19 @@ def bench(
 
 
 def compare_to_ar(records: list[Record]) -> list[Record]:
-    """Fill in every record's speedup and greedy match against the first one, the AR run (both backends)."""
+    """Fill in every record's speedup, greedy match and costs against the first one, the AR run (both backends).
+
+    vLLM's counters hold no draft or verify times: its records keep costs None.
+    """
     ar = records[0]
+    ar_step = ar.stats.verify_time / ar.stats.num_rounds if ar.stats.num_rounds else 0.0
     for r in records:
         r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
         r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
+        if ar_step > 0 and r.stats.num_rounds and r.stats.verify_time > 0:
+            r.verify_cost = r.stats.verify_time / r.stats.num_rounds / ar_step
+            if r.stats.num_draft_tokens:
+                r.draft_cost = r.stats.draft_time / r.stats.num_draft_tokens / ar_step
     return records
 
 

@@ -47,3 +47,22 @@ def test_per_position_never_increases_and_sums_merge():
 def test_throughput():
     s = Stats(num_output_tokens=50, total_time=2.0)
     assert s.tok_per_s == 25.0
+
+
+def test_costs_are_in_units_of_one_ar_step():
+    """c = drafter seconds per drafted token / AR seconds per step; verify cost = seconds per verify round / the same.
+    vLLM's records have no times and keep both None."""
+    from specdec_learn.bench import Record, compare_to_ar
+
+    ar, spec, vllm = Stats(), Stats(), Stats()
+    for _ in range(10):
+        ar.record(Round(0, 0, draft_time=0.0, verify_time=0.020))  # 20 ms a step
+    for drafted, accepted in [(3, 3), (3, 1), (0, 0)]:  # the last round drafted nothing
+        spec.record(Round(drafted, accepted, draft_time=0.006, verify_time=0.025))
+    vllm.record(Round(3, 2, draft_time=0.0, verify_time=0.0))
+    records = compare_to_ar([Record("ar", 0, ar, [[1]]), Record("x", 3, spec, [[1]]), Record("v", 3, vllm, [[1]])])
+    assert records[0].verify_cost == pytest.approx(1.0) and records[0].draft_cost is None
+    assert records[1].draft_cost == pytest.approx(3 * 0.006 / 6 / 0.020)  # 18 ms over 6 drafted tokens
+    assert records[1].verify_cost == pytest.approx(0.025 / 0.020)
+    assert records[2].draft_cost is None and records[2].verify_cost is None
+    assert {"draft_cost", "verify_cost"} <= set(records[1].to_json())
