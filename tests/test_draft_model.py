@@ -53,6 +53,12 @@ def test_shipped_format_materializes_to_the_same_model(tmp_path):
         theirs = model(ids).logits
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
     assert materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf") == folder  # cached
+    stamp = (folder / "source.txt").stat().st_mtime_ns
+    assert materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf") == folder
+    assert (folder / "source.txt").stat().st_mtime_ns == stamp  # not rebuilt
+    (tmp_path / "draft" / "recipe.json").write_text('{"steps": 1}\n')  # a shipped file changed, weights alike
+    materialize(tmp_path / "draft", str(tmp_path / "target"), tmp_path / "hf")
+    assert (folder / "recipe.json").read_text() == '{"steps": 1}\n'  # rebuilt: the copy follows every file
 
 
 def test_a_draft_for_another_target_is_refused(tmp_path):

@@ -158,19 +158,28 @@ def complete(folder, target_name) -> Path:
     return materialize(folder, target_name) if has_projection(folder) else Path(folder)
 
 
+def shipped_digest(folder: Path) -> str:
+    """SHA-256 over the names and bytes of every file a materialized copy is made from."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and p.name != "README.md"):
+        digest.update(file.name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def materialize(folder, target_name, out_dir=None) -> Path:
     """A folder shipped without its table + the target's embedding -> a complete HF folder (cached, rebuilt when stale).
 
     Every other file is copied as it is; the target's tokenizer files are
     added, so HF and vLLM can load the folder on its own. The copy is keyed on
-    the shipped weights AND the target's folder, so another target rebuilds it.
+    every shipped file (weights, config, recipe) AND the target's folder, so a
+    changed file or another target rebuilds it.
     """
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     out = Path(out_dir or cache_dir() / "models" / folder.name)
     target_dir = Path(model_path(str(target_name)))
-    source = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() + " " + str(target_dir.resolve())
+    source = shipped_digest(folder) + " " + str(target_dir.resolve())
     if (out / "source.txt").exists() and (out / "source.txt").read_text() == source:
         return out
     tensors = load_file(folder / "model.safetensors")
