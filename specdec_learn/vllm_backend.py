@@ -236,13 +236,13 @@ class VllmEngine:
         ngram=(1, 4),
         **engine_options,
     ):
+        cache = models.cache_dir(cache_dir)
+        llm_class, is_cpu = _import_vllm(cache)
+        check_platform_runs(method, is_cpu)  # first: a method this build cannot run needs no drafter found
         draft = resolve_draft(model, method, draft)
         self.method, self.k = method, (k if method != "ar" else 0)
         self.spec_config = speculative_config(method, k, self._path(draft, cache_dir), ngram)
         self.model_path = self._path(model, cache_dir)
-        cache = models.cache_dir(cache_dir)
-        llm_class, is_cpu = _import_vllm(cache)
-        check_platform_runs(method, is_cpu)
 
         from transformers import AutoTokenizer
 
