@@ -45,6 +45,17 @@ def tiny_llama(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2
     return LlamaForCausalLM(cfg).eval()
 
 
+def greedy_equals_ar(target, prompt, max_new_tokens, ar, drafter, ks=(2, 4)):
+    """Greedy output equal to AR (`ar`, a Generation of `prompt`) for each k; the summed stats, so that a test
+    can check that rejections happened."""
+    total = sd.Stats()
+    for k in ks:
+        out = sd.generate(target, prompt, drafter, k=k, max_new_tokens=max_new_tokens)
+        assert out.tokens == ar.tokens, f"{drafter.name} k={k} differs from AR"
+        total = total + out.stats
+    return total
+
+
 def learned_drafter(name: str, target):
     """A random-weight drafter of a learned method that reads `target`'s hidden states, shaped for it.
 

@@ -14,7 +14,7 @@ suffix drafters can pick up (accepted AND rejected drafts in every run).
 
 import pytest
 import torch
-from conftest import learned_drafter
+from conftest import greedy_equals_ar, learned_drafter
 
 import specdec_learn as sd
 from specdec_learn.target import Target
@@ -75,13 +75,8 @@ def full_forward_logits(target, ids):
 
 
 def check_lossless(target, ar, drafter, ks=(2, 4)):
-    """Greedy output equal to AR for each k; returns the summed stats (to check rejections happened)."""
-    total = sd.Stats()
-    for k in ks:
-        out = sd.generate(target, PROMPT, drafter, k=k, max_new_tokens=MAX_NEW)
-        assert out.tokens == ar.tokens, f"{drafter.name} k={k} differs from AR"
-        total = total + out.stats
-    return total
+    """Greedy output equal to AR for each k on this file's prompt; the summed stats."""
+    return greedy_equals_ar(target, PROMPT, MAX_NEW, ar, drafter, ks)
 
 
 def test_crop_past_the_window_equals_a_full_forward(target):
