@@ -60,7 +60,12 @@ def fetch_assets() -> None:
     VENDOR.mkdir()
     with tempfile.TemporaryDirectory() as tmp:
         for spec, parts in PACKAGES.items():
-            out = subprocess.run([npm, "pack", "--silent", spec], cwd=tmp, check=True, capture_output=True, text=True)
+            out = subprocess.run([npm, "pack", "--silent", spec], cwd=tmp, capture_output=True, text=True)
+            if out.returncode != 0:  # npm's own words (no network, no cache, a proxy), not a bare CalledProcessError
+                sys.exit(f"book/build.py: `npm pack {spec}` failed (exit {out.returncode}); npm said:\n"
+                         f"{(out.stderr or out.stdout).strip()[-2000:]}\n"
+                         "The book fetches MathJax and the widget scripts from the npm registry once: build where "
+                         "npm reaches it (or its cache holds them), then book/_vendor/ is reused offline.")
             tgz = Path(tmp) / out.stdout.strip().splitlines()[-1]
             with tarfile.open(tgz) as tar:
                 tar.extractall(Path(tmp) / tgz.stem, filter="data")
@@ -88,7 +93,9 @@ def build() -> Path:
     copy_chapters()
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(jupyter_book), "build", str(BOOK), "--all", "--warningiserror", "--keep-going", "--quiet"]
-    subprocess.run(cmd, check=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0:  # jupyter-book printed its own errors above; say which step stopped
+        sys.exit(f"book/build.py: jupyter-book build failed (exit {done.returncode}); its messages are above.")
     return BOOK / "_build" / "html"
 
 

@@ -158,3 +158,22 @@ def test_widget_scripts_are_local(site):
         text = p.read_text()
         assert "require.js" in text and "html-manager/embed-amd.js" in text, p
         assert "cdn.jsdelivr" not in text and "cdnjs" not in text, f"{p} still names a CDN"
+
+
+def test_a_failing_npm_is_reported_in_npms_own_words(tmp_path, monkeypatch):
+    """No network and no npm cache: the build stops with npm's message, not a bare CalledProcessError."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("book_build", ROOT / "book" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    fake = tmp_path / "bin" / "npm"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'npm error code ENOTCACHED: request to the registry failed, offline' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(build, "VENDOR", tmp_path / "_vendor")  # never the real one
+    with pytest.raises(SystemExit) as stop:
+        build.fetch_assets()
+    assert "ENOTCACHED" in str(stop.value) and "npm pack" in str(stop.value)
