@@ -141,6 +141,15 @@ class Target:
         """Text of `ids` ("" for a tokenizer-less target, which works on ids only)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each token of `ids` as the text it adds, spaces shown as '·' and newlines as '↵'.
+
+        The vocabulary's own names (`convert_ids_to_tokens`) are byte-level
+        BPE's: GPT-2 maps every byte to a printable character, so a leading
+        space reads 'Ġ' and a newline 'Ċ'. This shows what the token writes.
+        """
+        return [piece(self.tokenizer, t) for t in ids]
+
     # -- forward passes --------------------------------------------------
     @torch.inference_mode()
     def forward(self, state: DecodeState, tokens: list[int], taps=(), logits: bool = True) -> TargetOutput:
@@ -278,6 +287,12 @@ class Target:
         """Wait for queued GPU work, so wall-clock timings mean something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def piece(tokenizer, token: int) -> str:
+    """One token as the text it adds, whitespace made visible (see Target.pieces); <id> without a tokenizer."""
+    text = tokenizer.decode([token]) if tokenizer is not None else f"<{token}>"
+    return text.replace("\n", "\u21b5").replace(" ", "\u00b7") or "\u2205"
 
 
 def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:

@@ -64,8 +64,7 @@ def output_tokens(trace) -> list[tuple[int, str]]:
 
 def _piece(target: Target, token: int) -> str:
     """One token as text, with whitespace made visible."""
-    text = target.tokenizer.decode([token]) if target.tokenizer is not None else f"<{token}>"
-    return text.replace("\n", "\u21b5").replace(" ", "\u00b7") or "\u2205"
+    return target.pieces([token])[0]
 
 
 def _span(target: Target, token: int, kind: str) -> str:

@@ -59,3 +59,10 @@ def test_chat_template_is_applied(target):
     ids = target.encode("Hi there")
     text = target.tokenizer.decode(ids)
     assert "<|im_start|>user\nHi there<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_pieces_show_what_each_token_writes(target):
+    """Byte-level BPE names a leading space 'Ġ' and a newline 'Ċ'; pieces show '·' and '↵'."""
+    ids = target.tokenizer.encode(" a\nb", add_special_tokens=False)
+    assert "Ġa" in target.tokenizer.convert_ids_to_tokens(ids)
+    assert "".join(target.pieces(ids)) == "·a↵b"
