@@ -48,6 +48,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in unique.values())
 
 
+def matmul_weights(*modules: torch.nn.Module) -> int:
+    """Parameters of the matrices a token is multiplied by in `modules` (embedding lookups and norms excluded).
+
+    A count, not bytes: the ratio of two such counts is what a step of one network
+    costs against another's when both are memory-bound (chapters 4 and 5). A
+    tied embedding counts where it multiplies (as an output head), not where it
+    is looked up, so pass the head's module, not the embedding's.
+    """
+    return sum(p.numel() for m in modules for p in m.parameters() if p.ndim == 2)
+
+
 def ar_ceiling(target, bandwidth: float) -> float:
     """The most tokens/s plain decoding can reach: bandwidth / bytes of weights per token."""
     return bandwidth / weight_bytes(target.model)

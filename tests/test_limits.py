@@ -3,7 +3,7 @@
 import pytest
 from conftest import tiny_llama
 
-from specdec_learn.limits import ar_ceiling, predicted_speedup, read_bandwidth, weight_bytes
+from specdec_learn.limits import ar_ceiling, matmul_weights, predicted_speedup, read_bandwidth, weight_bytes
 from specdec_learn.stats import Round, Stats
 from specdec_learn.target import Target
 
@@ -33,3 +33,10 @@ def test_predicted_speedup_from_round_costs():
     tokens_per_round, allowed = predicted_speedup(spec, ar)
     assert tokens_per_round == 3
     assert allowed == pytest.approx(3 / 1.5)
+
+
+def test_matmul_weights_counts_matrices_only():
+    model = tiny_llama(64, hidden=32, layers=2)  # intermediate 64, 4 heads of 8, 2 K/V heads
+    layer = 32 * 32 + 2 * (32 * 16) + 32 * 32 + 3 * (32 * 64)  # q, k and v, o, gate/up/down
+    assert matmul_weights(model.model.layers) == 2 * layer  # norms (1-D) excluded
+    assert matmul_weights(model.lm_head) == 64 * 32
