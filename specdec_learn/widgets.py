@@ -154,8 +154,12 @@ class TokenViewer(_LiveAndStatic):
         )
 
 
-def acceptance_bars_html(gen: Generation, k: int) -> str:
-    """Per-position acceptance as horizontal bars, plus the headline numbers."""
+def acceptance_bars_html(gen: Generation, k: int, baseline: Generation | None = None) -> str:
+    """Per-position acceptance as horizontal bars, plus the headline numbers.
+
+    With `baseline` (plain decoding of the same prompt) the headline leads with
+    throughput and the speedup: the number speculation is for.
+    """
     s = gen.stats
     rates = s.per_position_acceptance + [0.0] * (k - len(s.per_position_acceptance))
     bars = "".join(
@@ -164,17 +168,25 @@ def acceptance_bars_html(gen: Generation, k: int) -> str:
         f'<span style="margin-left:6px">{rate:.2f}</span></div>'
         for i, rate in enumerate(rates, 1)
     )
+    speed = ""
+    if baseline is not None:
+        ar = baseline.stats.tok_per_s
+        speed = (f"{s.tok_per_s:.1f} tok/s, <b>{s.tok_per_s / ar:.2f}x</b> plain decoding "
+                 f"({ar:.1f} tok/s); ")
     return (
-        f'<div class="sd-acceptance"><b>k = {k}</b>: mean acceptance length {s.mean_acceptance_length:.2f}, '
+        f'<div class="sd-acceptance"><b>k = {k}</b>: {speed}mean acceptance length {s.mean_acceptance_length:.2f}, '
         f"{s.num_output_tokens} tokens in {s.num_rounds} target passes{bars}</div>"
     )
 
 
 class KSlider(_LiveAndStatic):
-    """Choose k and re-run a short generation; the bars show per-position acceptance.
+    """Choose k and re-run a short generation: tok/s and speedup over plain decoding, and per-position acceptance.
 
-    Results are cached per k, so moving the slider back is instant. The static
-    view (for the book) lists every k run so far; `precompute` runs some up front.
+    Plain decoding of the same prompt runs once first (after a warm-up run), so
+    every k is compared with it on the same machine; one short run is noisy,
+    which chapter 9's benchmark is for. Results are cached per k, so moving the
+    slider back is instant. The static view (for the book) lists every k run
+    so far; `precompute` runs some up front.
     """
 
     def __init__(
@@ -195,26 +207,30 @@ class KSlider(_LiveAndStatic):
         self.target, self.prompt, self.drafter = target, prompt, drafter
         self.max_new_tokens, self.sampling = max_new_tokens, sampling
         self.results: dict[int, Generation] = {}
+        self.baseline = self._generate(None, 0)  # a warm-up: the first call pays for one-off set-up
+        self.baseline = self._generate(None, 0)
         for k in precompute:
             self.run(k)
         first = precompute[0] if precompute else ks[0]
         self.slider = W.SelectionSlider(options=ks, value=first, description="k", continuous_update=False)
-        self.view = W.HTML(acceptance_bars_html(self.run(first), first))
+        self.view = W.HTML(acceptance_bars_html(self.run(first), first, self.baseline))
         self.slider.observe(self._changed, names="value")
         self.widget = W.VBox([self.slider, self.view])
 
     def run(self, k: int) -> Generation:
         """The generation at draft length k (cached)."""
         if k not in self.results:
-            self.results[k] = generate(
-                self.target, self.prompt, self.drafter, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling
-            )
+            self.results[k] = self._generate(self.drafter, k)
         return self.results[k]
+
+    def _generate(self, drafter: Drafter | None, k: int) -> Generation:
+        return generate(self.target, self.prompt, drafter, k=k, max_new_tokens=self.max_new_tokens,
+                        sampling=self.sampling)
 
     def _changed(self, change) -> None:
         k = change["new"]
         self.view.value = "<i>running ...</i>"
-        self.view.value = acceptance_bars_html(self.run(k), k)
+        self.view.value = acceptance_bars_html(self.run(k), k, self.baseline)
 
     def static_html(self) -> str:
-        return "".join(acceptance_bars_html(self.results[k], k) for k in sorted(self.results))
+        return "".join(acceptance_bars_html(self.results[k], k, self.baseline) for k in sorted(self.results))

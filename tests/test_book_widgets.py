@@ -58,7 +58,12 @@ def test_k_slider_reruns_and_caches(target):
     slider.slider.value = 3  # what a reader's drag does
     assert set(slider.results) == {1, 3}
     assert "k = 3" in slider.view.value and "position 3" in slider.view.value
+    ar, spec = slider.baseline.stats, slider.results[3].stats  # plain decoding of the same prompt, run once
+    assert slider.baseline.tokens == slider.results[3].tokens  # greedy: the same text at every k
+    assert f"{spec.tok_per_s:.1f} tok/s" in slider.view.value
+    assert f"{spec.tok_per_s / ar.tok_per_s:.2f}x</b> plain decoding ({ar.tok_per_s:.1f} tok/s)" in slider.view.value
     static = slider._repr_mimebundle_()["text/html"]
     assert "k = 1" in static and "k = 3" in static and "k = 2" not in static
+    assert static.count("x</b> plain decoding") == 2  # the book's view shows the speedup of each k run
     with pytest.raises(ValueError, match="ks must be"):
         KSlider(target, "x", sd.NgramDrafter(), ks=[0, 1])

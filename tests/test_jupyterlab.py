@@ -179,7 +179,7 @@ def test_chapter_runs_and_the_k_slider_reruns_it(lab, browser, tmp_path):
         after = view.inner_text()
         page.screenshot(path=str(tmp_path / "jupyterlab-k-slider.png"), full_page=True)
         assert "k = 8" in after and after.count("position") == 8, after
-        assert "mean acceptance length" in after and after != before
+        assert "mean acceptance length" in after and "x plain decoding" in after and after != before
         assert not outside, f"requests leaving the machine: {outside[:5]}"
         assert not errors, f"script errors in the page: {errors[:5]}"
     finally:
