@@ -29,6 +29,7 @@ import json
 import os
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -183,3 +184,45 @@ def write_json(path: str, records: list[Record], target: Target, config: dict) -
         "results": [r.to_json() for r in records],
     }
     write_text_atomic(path, json.dumps(data, indent=2))
+
+
+# --- reading results back -------------------------------------------------------------
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # in a clone of the repository
+
+
+@dataclass
+class Results:
+    """A benchmark's JSON read back: what the book states its measured figures from."""
+
+    path: Path
+    machine: dict
+    config: dict
+    rows: list[dict]
+
+    def get(self, method: str, k: int | None = None) -> dict:
+        """The row of (method, k); k=None: the method's only row, or its fastest."""
+        rows = [r for r in self.rows if r["method"] == method and (k is None or r["k"] == k)]
+        if not rows:
+            have = ", ".join(f"{r['method']} k={r['k']}" for r in self.rows)
+            raise KeyError(f"{self.path.name} has no {method}" + (f" at k={k}" if k is not None else "") + f": {have}.")
+        return max(rows, key=lambda r: r["speedup"] or 0.0)
+
+    @property
+    def label(self) -> str:
+        """Where and how it was measured, in words, for the sentence that quotes it."""
+        m, c = self.machine, self.config
+        return (f"{c.get('num_prompts', c.get('prompts'))} prompts x {c['max_new_tokens']} new tokens, "
+                f"{m['dtype']}, {m['cpu']}, {m['cores']} cores")
+
+
+def read_results(name: str | os.PathLike) -> Results:
+    """A JSON written by `write_json`: a path, or the name of one committed in benchmarks/results/."""
+    path = Path(name)
+    if not path.suffix:
+        path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No benchmark results at {path}: the book reads the results committed in the "
+                                f"repository's benchmarks/results/; run it from a clone (git clone, then make setup).")
+    data = json.loads(path.read_text())
+    return Results(path, data["machine"], data["config"], data["results"])

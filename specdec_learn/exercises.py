@@ -361,13 +361,13 @@ def _markov_size(answer, model):
 
 @exercise("9.1")
 def _geometric(answer):
-    alpha, k = 0.75, 5
+    alpha, k = 0.6, 4
     expected = sum(alpha**i for i in range(k + 1))
     expect(answer, expected, tol=0.05, hint="sum alpha**i for i = 0..k, or (1 - alpha**(k+1)) / (1 - alpha).",
            mistakes=[(expected - 1, "count the target's own token too: the sum starts at alpha**0 = 1."),
                      (sum(alpha**i for i in range(k)), "the sum has k + 1 terms, alpha**0 to alpha**k: "
                                                        "k drafts plus the target's own token.")])
-    return f"Correct: {expected:.2f} tokens per round; the guide's '2 to 3' is on the cautious side."
+    return f"Correct: {expected:.2f} tokens per round, inside the guide's '2 to 3'."
 
 
 @exercise("9.2")
