@@ -142,6 +142,20 @@ def test_page_renders_offline(site, browser, page_name):
         assert len(sizes) == expected, f"{len(sizes)} figures on the page, the notebook stores {expected}"
         assert all(w for _, w in sizes), f"figures that did not load: {[s for s, w in sizes if not w]}"
 
+        # layout at 1280 px: no code or output block runs out of the column, no formula is clipped
+        overflowing = page.eval_on_selector_all(
+            "main pre", "els => els.filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1)"
+            ".map(e => e.textContent.trim().slice(0, 70))")
+        assert not overflowing, f"blocks wider than the column at 1280 px: {overflowing[:5]}"
+        # (a formula wider than the column would be cut at its edge or hidden behind a scrollbar:
+        # at 1280 px each one fits, broken over lines where long; narrower screens scroll, specdec.css)
+        wide = page.eval_on_selector_all(
+            "mjx-container[display='true']", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
+            ".map(e => e.textContent.slice(0, 50))")
+        assert not wide, f"display formulas wider than the column at 1280 px: {wide[:5]}"
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1280, f"the page scrolls sideways: {width} px wide in a 1280 px window"
+
         # widgets: shown as their static HTML, not as an empty live widget
         source = (ROOT / "notebooks" / f"{Path(page_name).name}.ipynb")
         if source.exists() and "TokenViewer(" in source.read_text():

@@ -102,3 +102,17 @@ def test_headings_hold_no_math(path):
     headings = [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()
                 if line.startswith("#")]
     assert not [h for h in headings if "$" in h], f"{path.name}: write these headings without $...$ math"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_code_fits_the_page(path):
+    """Code cells and the prose's code blocks are wrapped at 88 columns, which the book's column shows whole."""
+    nb = nbformat.read(path, as_version=4)
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    code += [(i, block) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+             for block in re.findall(r"```.*?```", c.source, flags=re.S)]
+    long = [(i, line) for i, text in code for line in text.splitlines() if len(line) > 88]
+    # a solution sits in a collapsible block, a few columns narrower
+    long += [(i, line) for i, c in enumerate(nb.cells) if "hide-input" in c.metadata.get("tags", [])
+             for line in c.source.splitlines() if len(line) > 84]
+    assert not long, f"{path.name}: code lines over 88 columns (cell, line): {long[:3]}"
