@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from .formats.io import write_text_atomic
 from .sampling import GREEDY, Sampling
 from .stats import Stats
 from .target import Target
+from .tree import TreeSpec
 from .workloads import Prompt
 from .zoo import make_drafter
 
@@ -55,11 +56,20 @@ class Record:
     greedy_match: float = 1.0
     draft_cost: float | None = None  # c: drafter seconds per drafted token / AR seconds per step (None: no drafts)
     verify_cost: float | None = None  # seconds per verify round / AR seconds per step
+    tree: TreeSpec | None = None  # a token tree instead of a chain of k (then k = the tree's depth)
+
+    @property
+    def label(self) -> str:
+        """k for a chain, 'nodes/depth/branch' for a tree."""
+        return str(self.k) if self.tree is None else f"{self.tree.nodes}/{self.tree.depth}/{self.tree.branch}"
 
     def to_json(self) -> dict:
+        s = self.stats
         return {
             "method": self.method,
             "k": self.k,
+            "tree": None if self.tree is None else asdict(self.tree),
+            "nodes_per_round": s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0,
             "speedup": self.speedup,
             "greedy_match": self.greedy_match,
             "draft_cost": self.draft_cost,
@@ -68,16 +78,19 @@ class Record:
         }
 
 
-def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, progress=None) -> Record:
-    """One (method, k) over every prompt; prompt i is sampled with seed + i."""
+def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, progress=None,
+               tree: TreeSpec | None = None) -> Record:
+    """One (method, k) or (method, tree) over every prompt; prompt i is sampled with seed + i."""
     stats, outputs = Stats(), []
     for i, prompt in enumerate(prompts):
-        out = generate(target, prompt.text, drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + i)
+        out = generate(target, prompt.text, drafter, k=0 if tree else k, max_new_tokens=max_new_tokens,
+                       sampling=sampling, seed=seed + i, tree=tree)
         stats = stats + out.stats
         outputs.append(out.tokens)
         if progress is not None:
             progress.update(1)
-    return Record(method, k if drafter is not None else 0, stats, outputs)
+    k = tree.depth if tree is not None else k
+    return Record(method, k if drafter is not None else 0, stats, outputs, tree=tree)
 
 
 def bench(
@@ -90,10 +103,12 @@ def bench(
     seed: int = 0,
     draft: str | None = None,
     progress: bool = True,
+    trees: list[TreeSpec] = (),
 ) -> list[Record]:
-    """Run AR once and every other method at every k; fill in speedup and greedy match.
+    """Run AR once and every other method at every k (and every tree); fill in speedup and greedy match.
 
     ks: the same draft lengths for every method, or {method: its draft lengths}.
+    trees: token trees to run too, after each method's chains (drafters that branch only).
     """
     if not prompts:
         raise ValueError("No prompts to benchmark on.")
@@ -107,17 +122,22 @@ def bench(
         raise ValueError(f"No draft lengths given for {', '.join(empty)} (ks is empty): give e.g. ks=[1, 3, 5].")
     if any(k < 1 for m in methods for k in ks_of[m]):
         raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
-    runs = [("ar", 0)] + [(m, k) for m in methods for k in ks_of[m]]
-    # Build every drafter before timing anything: a bad name or a missing draft fails fast.
-    drafters = {m: make_drafter(m, target, draft=draft) for m in dict.fromkeys(m for m, _ in runs)}
+    runs = [("ar", 0, None)] + [(m, k, None) for m in methods for k in ks_of[m]]
+    runs += [(m, 0, tree) for m in methods for tree in trees]
+    # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
+    drafters = {m: make_drafter(m, target, draft=draft) for m in dict.fromkeys(m for m, _, _ in runs)}
+    for m, _, tree in runs:
+        if tree is not None:
+            drafters[m].check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
     records = []
-    for method, k in runs:
-        bar.set_postfix_str(f"{method} k={k}")
+    for method, k, tree in runs:
+        bar.set_postfix_str(f"{method} k={k}" if tree is None else f"{method} tree={tree}")
         if drafters[method] is not None:  # every run starts clean: no run may learn from another's outputs
             drafters[method].forget()
-        records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar))
+        records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar,
+                                  tree))
     bar.close()
     return compare_to_ar(records)
 
@@ -165,15 +185,20 @@ def machine_info(target: Target | None = None) -> dict:
 
 def format_table(records: list[Record]) -> str:
     """A plain-text table, one line per (method, k)."""
-    head = f"{'method':<12} {'k':>2} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  per-position acceptance"
+    trees = any(r.tree is not None for r in records)
+    width = 8 if trees else 2  # a tree shows as nodes/depth/branch in the k column
+    head = (f"{'method':<12} {'k':>{width}} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  "
+            "per-position acceptance")
     lines = [head, "-" * len(head)]
     for r in records:
         s = r.stats
         pos = " ".join(f"{a:.2f}" for a in s.per_position_acceptance)
         lines.append(
-            f"{r.method:<12} {r.k:>2} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
+            f"{r.method:<12} {r.label:>{width}} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
             f"{s.mean_acceptance_length:>7.2f} {r.greedy_match:>5.2f}  {pos}"
         )
+    if trees:
+        lines.append("(a tree: nodes/depth/branch; its per-position acceptance is per depth)")
     return "\n".join(lines)
 
 
@@ -200,9 +225,11 @@ class Results:
     config: dict
     rows: list[dict]
 
-    def get(self, method: str, k: int | None = None) -> dict:
-        """The row of (method, k); k=None: the method's only row, or its fastest."""
-        rows = [r for r in self.rows if r["method"] == method and (k is None or r["k"] == k)]
+    def get(self, method: str, k: int | None = None, tree: TreeSpec | None = None) -> dict:
+        """The chain row of (method, k), or its row with `tree`; k=None: the method's only row, or its fastest."""
+        want = None if tree is None else asdict(tree)
+        rows = [r for r in self.rows if r["method"] == method and (k is None or r["k"] == k)
+                and r.get("tree") == want]
         if not rows:
             have = ", ".join(f"{r['method']} k={r['k']}" for r in self.rows)
             raise KeyError(f"{self.path.name} has no {method}" + (f" at k={k}" if k is not None else "") + f": {have}.")

@@ -14,6 +14,7 @@ from . import bench as bench_mod
 from .decode import generate
 from .sampling import Sampling
 from .target import load
+from .tree import TreeSpec
 from .workloads import load_workload
 from .zoo import METHODS, make_drafter
 
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--k", type=_int_list, default=[1, 3, 5], help="comma-separated draft lengths")
     b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, edits, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
+    b.add_argument("--tree", type=TreeSpec.parse, action="append", default=[], metavar="NODES,DEPTH[,BRANCH]",
+                   help="also run each method with a token tree of this size (repeatable; ngram, suffix, eagle3, dflash, dspark)")
     b.add_argument("--json", default=None, help="write the results here")
     b.add_argument("--batch-size", type=int, default=1, help="prompts per vLLM call (--backend vllm only)")
     b.add_argument("--plot", default=None, help="save the figures here (e.g. bench.png)")
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="ar", choices=METHODS)
     g.add_argument("--k", type=int, default=3)
+    g.add_argument("--tree", type=TreeSpec.parse, default=None, metavar="NODES,DEPTH[,BRANCH]",
+                   help="draft a token tree of this size instead of a chain of k")
     _add_train_parser(sub)
 
     parser.add_argument("--debug", action="store_true", help="on an error, show the whole traceback")
@@ -110,6 +115,10 @@ def _bench(args, sampling) -> int:
     if args.backend == "vllm":
         from . import vllm_backend
 
+        if args.tree:
+            raise ValueError("--tree runs in the readable loop only: vLLM verifies trees for EAGLE "
+                             "(speculative_token_tree), which this backend does not pass on. Drop --tree, or use "
+                             "--backend native.")
         target = None
         records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
                                      args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
@@ -118,7 +127,8 @@ def _bench(args, sampling) -> int:
             raise ValueError("The readable loop decodes one prompt at a time: --batch-size needs --backend vllm.")
         target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
         records = bench_mod.bench(
-            target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress
+            target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress,
+            args.tree,
         )
     info = bench_mod.machine_info(target)
     info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
@@ -128,6 +138,7 @@ def _bench(args, sampling) -> int:
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "no_progress", "command")}
         config["methods"], config["num_prompts"] = methods, len(prompts)
+        config["tree"] = [vars(t) for t in args.tree]
         config["prompt_ids"] = [p.id for p in prompts]
         bench_mod.write_json(args.json, records, target, config)
         print(f"results written to {args.json}")
@@ -157,14 +168,17 @@ def _vllm_options(args) -> dict:
 
 def _generate(args, sampling) -> int:
     if args.backend == "vllm":
+        if args.tree:
+            raise ValueError("--tree runs in the readable loop only: drop it, or use --backend native.")
         return _generate_vllm(args, sampling)
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
     drafter = make_drafter(args.method, target, draft=args.draft)
-    out = generate(target, args.prompt, drafter, k=args.k, max_new_tokens=args.max_new_tokens,
-                   sampling=sampling, seed=args.seed)
+    out = generate(target, args.prompt, drafter, k=0 if args.tree else args.k, max_new_tokens=args.max_new_tokens,
+                   sampling=sampling, seed=args.seed, tree=args.tree)
     print(out.text)
     s = out.stats
-    print(f"\n[{args.method} k={args.k if drafter else 0}] {s.num_output_tokens} tokens, {s.tok_per_s:.1f} tok/s, "
+    shape = f"tree={args.tree.nodes},{args.tree.depth},{args.tree.branch}" if args.tree else f"k={args.k if drafter else 0}"
+    print(f"\n[{args.method} {shape}] {s.num_output_tokens} tokens, {s.tok_per_s:.1f} tok/s, "
           f"mean acceptance length {s.mean_acceptance_length:.2f}", file=sys.stderr)
     return 0
 

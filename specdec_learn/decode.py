@@ -4,9 +4,15 @@
     repeat until max_new_tokens or EOS:
         drafts, q = drafter.propose(state, k)          # k guesses (+ their probabilities)
         logits    = target.verify(state, drafts)       # ONE forward over [last, d1..dk]
-        n, nxt    = accept(drafts, q, logits)          # keep n drafts, then one target token
+        path, nxt = accept(drafts, q, logits)          # keep n = len(path) drafts, then one target token
         target.commit(state, drafts[:n] + [nxt])       # crop the cache to what was kept
         drafter.observe(state, n, hidden[:n+1])
+
+With `tree=` the drafter proposes a token tree instead of a chain (tree.py):
+verify scores every node in the same one forward (a tree attention mask),
+accept walks the tree and returns the accepted root-to-node path, and commit
+keeps that path's keys and values. A chain is the tree whose nodes each have
+one child, and runs through the same verify, accept and commit.
 
 With no drafter (k = 0) each round verifies nothing and emits one token: that
 is plain autoregressive decoding, through the same prefill, cache, sampling
@@ -19,7 +25,7 @@ stops where the autoregressive run would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -27,6 +33,7 @@ from .drafters.base import Drafter, Proposal
 from .sampling import GREEDY, Sampling, is_integer
 from .stats import Round, Stats
 from .target import Target, now
+from .tree import TreeSpec
 from .verify import accept
 
 
@@ -34,9 +41,11 @@ from .verify import accept
 class RoundTrace:
     """What happened in one round, for the book's token-level viewer."""
 
-    drafts: list[int]
+    drafts: list[int]  # a tree's nodes when `parents` is set
     accepted: int
     next_token: int  # the target's own token: recovered (accepted < len(drafts)) or bonus
+    parents: list[int] | None = None  # a tree round: node i continues node parents[i] (-1: `last`)
+    path: list[int] | None = None  # a tree round: the accepted nodes, root first
 
 
 @dataclass
@@ -60,13 +69,15 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     keep_trace: bool = False,
+    tree: TreeSpec | None = None,
 ) -> Generation:
     """Generate from `prompt` with `drafter` proposing `k` tokens a round (no drafter: plain decoding).
 
     `prompt` is text (sent through the chat template unless chat=False) or token ids.
     `seed` fixes the random draws of sampled decoding; greedy decoding uses none.
+    `tree` (instead of k): the drafter grows a token tree of that size every round.
     """
-    prompt_ids = check_request(target, prompt, drafter, k, max_new_tokens, sampling, seed, chat)
+    prompt_ids = check_request(target, prompt, drafter, k, max_new_tokens, sampling, seed, chat, tree)
     k = k if drafter is not None else 0
     generator = torch.Generator().manual_seed(seed)
     taps = drafter.taps if drafter is not None else ()
@@ -80,24 +91,24 @@ def generate(
 
     new: list[int] = []
     while len(new) < max_new_tokens:
-        budget = min(k, max_new_tokens - len(new) - 1)  # never draft past the budget
         t0 = now(target)
-        proposal = drafter.propose(state, budget, sampling, generator) if budget > 0 else Proposal([])
-        if len(proposal.tokens) > budget:
-            raise RuntimeError(f"{drafter.name} proposed {len(proposal.tokens)} tokens when asked for {budget}.")
+        proposal = propose(drafter, state, k, tree, max_new_tokens - len(new) - 1, sampling, generator)
         t1 = now(target)
-        out = target.verify(state, proposal.tokens, taps)
-        n, nxt = accept(proposal.tokens, proposal.q, out.logits, sampling, generator)
+        out = target.verify(state, proposal.tokens, taps, proposal.parents)
+        path, nxt = accept(proposal.tokens, proposal.q, out.logits, sampling, generator, proposal.parents)
         t2 = now(target)
-        block = proposal.tokens[:n] + [nxt]
-        target.commit(state, block)
-        if drafter is not None:
-            drafter.observe(state, n, {tap: h[: n + 1] for tap, h in out.hidden.items()})
+        block = [proposal.tokens[i] for i in path] + [nxt]
+        target.commit(state, block, path if proposal.parents is not None else None)
+        if drafter is not None:  # the rows of [last, d1..dn]: on a tree, of `last` and the accepted path
+            kept = slice(0, len(path) + 1) if proposal.parents is None else [0] + [i + 1 for i in path]
+            drafter.observe(state, len(path), {tap: h[kept] for tap, h in out.hidden.items()})
         t3 = now(target)
 
-        stats.record(Round(len(proposal.tokens), n, draft_time=(t1 - t0) + (t3 - t2), verify_time=t2 - t1))
+        depth = proposal.depth if proposal.parents is not None else None
+        stats.record(Round(len(proposal.tokens), len(path), (t1 - t0) + (t3 - t2), t2 - t1, depth))
         if keep_trace:
-            trace.append(RoundTrace(proposal.tokens, n, nxt))
+            trace.append(RoundTrace(proposal.tokens, len(path), nxt, proposal.parents,
+                                    path if proposal.parents is not None else None))
         eos_at = next((i for i, t in enumerate(block) if t in target.eos_ids), None)
         new.extend(block if eos_at is None else block[: eos_at + 1])
         if eos_at is not None:
@@ -108,13 +119,39 @@ def generate(
     return Generation(prompt_ids, new, target.decode(new), stats, trace)
 
 
-def check_request(target: Target, prompt, drafter, k, max_new_tokens, sampling, seed, chat) -> list[int]:
+def propose(drafter, state, k, tree, room, sampling, generator) -> Proposal:
+    """This round's drafts: a chain of up to k, or a tree; never deeper than the `room` the budget leaves."""
+    limit = min(k if tree is None else tree.depth, room)
+    if drafter is None or limit <= 0:
+        return Proposal([])
+    if tree is None:
+        proposal = drafter.propose(state, limit, sampling, generator)
+    else:
+        proposal = drafter.propose_tree(state, replace(tree, depth=limit), sampling, generator)
+    if proposal.depth > limit or (tree is not None and len(proposal.tokens) > tree.nodes):
+        raise RuntimeError(f"{drafter.name} proposed {len(proposal.tokens)} tokens, {proposal.depth} deep, "
+                           f"when asked for at most {limit} deep.")
+    return proposal
+
+
+def check_request(target: Target, prompt, drafter, k, max_new_tokens, sampling, seed, chat, tree=None) -> list[int]:
     """The prompt's token ids, after refusing (with a message that says what to do) any argument the loop cannot run."""
     for name, value, low in (("k", k, 0), ("max_new_tokens", max_new_tokens, 1), ("seed", seed, 0)):
         if not is_integer(value) or value < low:
             raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}.")
     if not isinstance(sampling, Sampling):
         raise ValueError(f"sampling must be a Sampling(temperature, top_k, top_p), got {sampling!r}.")
+    if tree is not None:
+        if not isinstance(tree, TreeSpec):
+            raise ValueError(f"tree must be a TreeSpec(nodes, depth, branch), got {tree!r}.")
+        if drafter is None:
+            raise ValueError("A tree needs a drafter to grow it: pass one of the drafters that branch.")
+        if k:
+            raise ValueError(f"Give k (a chain of k drafts) or tree= (a token tree), not both; got k={k} and {tree}.")
+        drafter.check_tree(tree)
+        if not target.can_verify_tree:
+            raise ValueError(f"{target.name} has sliding-window or linear-attention layers, which cannot verify "
+                             "a tree in one pass here: run it with a chain (k) instead.")
     if drafter is not None:
         drafter.check_k(k)
         if not target.can_roll_back:

@@ -528,3 +528,39 @@ def _trie_counts(answer):
            mistakes=[(length * depth, "near the end of the output fewer than 24 tokens remain after a start."),
                      (length * (length + 1) // 2, "substrings are cut at max_depth = 24 tokens.")])
     return f"Correct: {expected} counts (at most that many nodes), against {length * (length + 1) // 2} without the depth bound."
+
+
+# --- chapter 14: token trees -----------------------------------------------------------
+
+TREE_WORDS = ["the", "a", "cat", "dog", "cat"]  # exercise 14.1's tree: node i's token
+TREE_PARENTS = [-1, -1, 0, 0, 1]
+TREE_PICKS = ["a", "big", "cat", "sat", "ran", "sat"]  # the target's argmax after the root and each node
+
+
+@exercise("14.1")
+def _tree_walk(answer):
+    import torch
+
+    from .verify import greedy_accept
+    vocab = sorted(set(TREE_WORDS + TREE_PICKS))
+    logits = torch.nn.functional.one_hot(torch.tensor([vocab.index(w) for w in TREE_PICKS]), len(vocab)).float()
+    path, nxt = greedy_accept([vocab.index(w) for w in TREE_WORDS], logits, TREE_PARENTS)
+    expect(list(answer), path, hint="start at the root: which child holds the target's pick there? Then look up "
+                                    "that node's own row (row 1 + its index) and go on from it.",
+           mistakes=[([0, 2], "the first child is only the drafter's favourite: the walk takes the child that "
+                              "holds the TARGET's pick."),
+                     (path[:1], "after accepting a node, its children get their turn: read that node's row.")])
+    return f"Correct: nodes {path}, then the bonus token {vocab[nxt]!r} from the last node's row."
+
+
+@exercise("14.2")
+def _tree_mask_row(answer):
+    import torch
+
+    from .tree import tree_mask
+    past, node = 10, 3
+    seen = int((tree_mask(TREE_PARENTS, past, torch.float32, "cpu")[0, 0, 1 + node] == 0).sum())
+    expect(answer, seen, hint="count the cached tokens, the root, the node's ancestors and the node itself.",
+           mistakes=[(seen - past, "the cached tokens count too: every row sees the whole cache."),
+                     (past + 1 + node + 1, "a node sees its own ancestors only, not every node drafted before it.")])
+    return f"Correct: {seen} positions: {past} cached, the root, node 0 (its parent) and node 3 itself."

@@ -119,3 +119,39 @@ def distribution_check(probs, counts, labels, ax=None):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def tree_mask_figure(parents, labels, past: int = 0, ax=None):
+    """The tree attention mask as a picture: row = a query token, column = what it may see (tree.py)."""
+    import torch
+
+    from .tree import tree_mask
+
+    allowed = (tree_mask(parents, past, torch.float32, "cpu")[0, 0] == 0).int().numpy()  # [n+1, past+n+1]
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5.5, 4.5))
+    ax.imshow(allowed, cmap="Blues", vmin=0, vmax=1.3)
+    names = [f"cache {i}" for i in range(past)] + list(labels)
+    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("keys: what a row attends to")
+    ax.set_ylabel("queries: root, then each node")
+    ax.set_title("Tree attention mask (blue: visible)")
+    fig.tight_layout()
+    return fig
+
+
+def chain_vs_tree(records, ax=None):
+    """Mean acceptance length and speedup of each drafter's chains and trees, side by side."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
+    runs = [r for r in records if r.method != "ar"]
+    xs = range(len(runs))
+    ax.bar(xs, [r.stats.mean_acceptance_length for r in runs],
+           color=["#5b8fd6" if r.tree is None else "#e08a3c" for r in runs])
+    for x, r in zip(xs, runs):
+        ax.text(x, r.stats.mean_acceptance_length, f"{r.speedup:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"{r.method}\n{'k=' if r.tree is None else 'tree '}{r.label}" for r in runs],
+                  fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel("mean acceptance length (bars); speedup (labels)")
+    ax.set_title("Chains (blue) and trees (orange)")
+    fig.tight_layout()
+    return fig

@@ -12,7 +12,9 @@ target accepted (n). From those counts (vLLM ``vllm/v1/spec_decode/metrics.py``)
 * draft acceptance rate = accepted / drafted.
 
 A round that drafted nothing (n-gram found no match, or the last token of the
-budget) is not a draft, as in vLLM. Times are wall-clock seconds.
+budget) is not a draft, as in vLLM. A tree (tree.py) counts its nodes as
+drafted tokens and its accepted path as accepted ones; its positions are
+depths. Times are wall-clock seconds.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 class Round:
     """One draft-verify round."""
 
-    drafted: int  # k tokens proposed
-    accepted: int  # n of them kept
+    drafted: int  # k tokens proposed (a tree: its nodes)
+    accepted: int  # n of them kept (a tree: the accepted path's length)
     draft_time: float  # seconds in the drafter (propose + observe)
     verify_time: float  # seconds in the target forward + acceptance
+    depth: int | None = None  # a tree's depth, the positions it drafted (a chain: `drafted`)
 
 
 @dataclass
@@ -54,8 +57,9 @@ class Stats:
         self.num_drafts += 1
         self.num_draft_tokens += r.drafted
         self.num_accepted_tokens += r.accepted
-        if len(self.accepted_per_pos) < r.drafted:
-            self.accepted_per_pos += [0] * (r.drafted - len(self.accepted_per_pos))
+        positions = r.drafted if r.depth is None else r.depth
+        if len(self.accepted_per_pos) < positions:
+            self.accepted_per_pos += [0] * (positions - len(self.accepted_per_pos))
         for i in range(r.accepted):  # position i counts when drafts 0..i all survived
             self.accepted_per_pos[i] += 1
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from . import models
+from .tree import is_chain, tree_mask, tree_positions
 
 
 @dataclass
@@ -105,6 +107,17 @@ class Target:
         types = getattr(self.config, "layer_types", None) or ()
         return all(kind in ATTENTION_TYPES or i in self.mixers for i, kind in enumerate(types))
 
+    @cached_property
+    def can_verify_tree(self) -> bool:
+        """Whether a token tree can be verified in one pass: every cache layer keeps every position.
+
+        A tree's rows are not consecutive positions, and only a full-attention
+        layer can keep an arbitrary subset of them (`keep_path`). Sliding-window
+        and linear-attention layers verify chains.
+        """
+        layers = DynamicCache(config=self.model.config).layers
+        return not self.mixers and not any(getattr(l, "is_sliding", False) or is_linear(l) for l in layers)
+
     # -- the model's parts that drafters share ---------------------------
     @property
     def device(self) -> torch.device:
@@ -152,14 +165,26 @@ class Target:
 
     # -- forward passes --------------------------------------------------
     @torch.inference_mode()
-    def forward(self, state: DecodeState, tokens: list[int], taps=(), logits: bool = True) -> TargetOutput:
-        """Run `tokens` after everything in the cache; the cache grows by len(tokens)."""
+    def forward(self, state: DecodeState, tokens: list[int], taps=(), logits: bool = True,
+                tree: list[int] | None = None) -> TargetOutput:
+        """Run `tokens` after everything in the cache; the cache grows by len(tokens).
+
+        tree: the parents of tokens[1:] (tree.py), tokens[0] being the root: each
+        row then attends to the cache and its own ancestors only, at position
+        (cache length + depth), instead of to every row before it.
+        """
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
+        shape = {}
+        if tree is not None:
+            past = state.cache.get_seq_length()
+            shape = dict(attention_mask=tree_mask(tree, past, self.dtype, self.device),  # [1, 1, n, past + n]
+                         position_ids=tree_positions(tree, past, self.device))  # [1, n]
         with self._tapping(taps) as hidden:
             out = self.model(
                 input_ids=input_ids,
                 past_key_values=state.cache,
                 use_cache=True,
+                **shape,
                 # a slice, not an int: given an int, transformers 5.24 runs Gemma 4's KV-shared layers
                 # on the last positions only, and the hidden-state taps need every position
                 logits_to_keep=slice(-len(tokens) if logits else -1, None),
@@ -181,24 +206,32 @@ class Target:
         record_past(state.cache)
         return state, out
 
-    def verify(self, state: DecodeState, drafts: list[int], taps=()) -> TargetOutput:
+    def verify(self, state: DecodeState, drafts: list[int], taps=(), parents: list[int] | None = None) -> TargetOutput:
         """One forward over [last, d1..dk] -> logits [k+1, V] (+ taps [k+1, H]).
 
-        On a linear-attention target, first snapshot the linear state and keep
-        what each linear layer reads, so that `commit` can roll back.
+        parents: the drafts form a tree (tree.py); row 1 + i is then the target's
+        distribution after node i's own root-to-node path. On a linear-attention
+        target, first snapshot the linear state and keep what each linear layer
+        reads, so that `commit` can roll back.
         """
         tokens = [state.ids[-1], *drafts]
+        if parents is not None and not is_chain(parents):
+            if not self.can_verify_tree:
+                raise ValueError(f"{self.name} cannot verify a token tree (sliding-window or linear-attention "
+                                 "layers): draft a chain.")
+            return self.forward(state, tokens, taps, tree=parents)
         if not drafts or not self.mixers:  # nothing that could be rejected, or only attention layers
             return self.forward(state, tokens, taps)
         state.rollback = Rollback(LinearState.take(state.cache))
         with self._keeping_mixer_inputs(state.rollback.inputs):
             return self.forward(state, tokens, taps)
 
-    def commit(self, state: DecodeState, tokens: list[int]) -> None:
+    def commit(self, state: DecodeState, tokens: list[int], path: list[int] | None = None) -> None:
         """Append the round's output tokens (accepted drafts + next) and take the rejected drafts out of the cache.
 
         verify ran [last, d1..dk]; the round output is d1..dn followed by the
-        target's own token. The cache keeps [last, d1..dn] (n+1 = len(tokens)
+        target's own token. After a tree, `path` lists the accepted nodes and
+        the cache keeps [last, the path's nodes] (`keep_path`). The cache keeps [last, d1..dn] (n+1 = len(tokens)
         rows); d_{n+1}..d_k go: attention layers crop them, linear-attention
         layers roll back.
 
@@ -226,6 +259,10 @@ class Target:
         kernels write the state at every draft position during verify and
         keep the accepted one.
         """
+        if path is not None:  # a tree: the cache keeps `last` and the accepted path, in that order
+            keep_path(state.cache, state.num_cached + 1, path)
+            state.ids.extend(tokens)
+            return
         state.ids.extend(tokens)
         rollback, state.rollback = state.rollback, None
         if rollback is not None and len(tokens) < rollback.rows:  # some drafts rejected
@@ -369,6 +406,24 @@ def crop_cache(cache: DynamicCache, keep: int) -> None:
             continue
         if extra or getattr(layer, "record_past", False):
             layer.crop(-extra)  # a negative count removes that many positions from the end
+
+
+@torch.inference_mode()  # the cache's tensors were made in inference mode: update them there
+def keep_path(cache: DynamicCache, start: int, path: list[int]) -> None:
+    """After verifying a tree: keep positions < start (the cache and `last`), then only the path's rows.
+
+    Node i's keys and values sit at start + i; the path's move down to start,
+    start + 1, ... (in path order, which is increasing) and the rest is cropped.
+    Full-attention layers only (Target.can_verify_tree).
+    """
+    rows = torch.tensor([start + i for i in path], dtype=torch.long)
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        index = rows.to(layer.keys.device)
+        layer.keys[..., start : start + len(path), :] = layer.keys[..., index, :]  # the right side is a copy
+        layer.values[..., start : start + len(path), :] = layer.values[..., index, :]
+    crop_cache(cache, start + len(path))
 
 
 @dataclass

@@ -8,7 +8,9 @@ target itself: a *recovered* token at the rejected position, or, if every
 draft survived, a *bonus* token from row k. So every round yields between 1
 and k+1 tokens, and a round with no drafter (k = 0) is plain decoding.
 
-Two rules, both exact:
+Drafts usually form a chain (d_i follows d_{i-1}); they may also form a
+tree, several continuations verified at once (tree.py), and both rules walk
+it from the root the same way. Two rules, both exact:
 
 * **Greedy** (temperature 0): keep d_i while it equals argmax of row i-1.
   The output is then, token for token, what greedy decoding would write.
@@ -29,19 +31,29 @@ from __future__ import annotations
 import torch
 
 from .sampling import Sampling, probabilities, sample
+from .tree import chain_parents, children
 
 
-def greedy_accept(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
-    """drafts (k ids), logits [k+1, V] -> (number accepted n, next token).
+def greedy_accept(drafts: list[int], logits: torch.Tensor, parents: list[int] | None = None) -> tuple[list[int], int]:
+    """drafts (k ids), logits [k+1, V] -> (the accepted drafts' indices, next token).
 
-    The next token is the target's argmax at row n: the correction at the
-    first mismatch, or the bonus token when all k drafts matched.
+    Walk from `last` (row 0): take the target's argmax there; if a draft
+    continuing the walk holds it, keep that draft and go on from its row,
+    else stop. The next token is the argmax where the walk stopped: the
+    correction at the first mismatch, or the bonus token after the last draft.
+    `parents` makes the drafts a tree (tree.py; None: a chain, d_i after
+    d_{i-1}); the kept drafts are then one root-to-node path.
     """
+    parents = chain_parents(len(drafts)) if parents is None else parents
     choice = logits.argmax(-1).tolist()  # [k+1] the target's own greedy picks
-    n = 0
-    while n < len(drafts) and drafts[n] == choice[n]:
-        n += 1
-    return n, choice[n]
+    path, node = [], -1  # node -1 is `last`, row 0; draft i is row i + 1
+    while True:
+        token = choice[node + 1]
+        kept = next((i for i in children(parents, node) if drafts[i] == token), None)
+        if kept is None:
+            return path, token
+        path.append(kept)
+        node = kept
 
 
 def rejection_accept(
@@ -49,27 +61,41 @@ def rejection_accept(
     q: torch.Tensor | None,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
-) -> tuple[int, int]:
-    """Lossless speculative sampling.
+    parents: list[int] | None = None,
+) -> tuple[list[int], int]:
+    """Lossless speculative sampling -> (the accepted drafts' indices, next token).
 
     drafts: k ids; q: [k, V] the draft distributions they were sampled from,
     or None for a drafter without probabilities (one-hot q);
     p: [k+1, V] the target distributions after temperature / top-k / top-p.
-    Returns (number accepted n, next token).
+    On a tree (`parents`), a node's children are tried in turn: each rejection
+    leaves the residual max(p - q, 0) as the distribution the next child is
+    tested against (SpecInfer's multi-round rejection), and when every child
+    is rejected the next token is drawn from what is left.
     """
     k = len(drafts)
+    parents = chain_parents(k) if parents is None else parents
     if q is None:  # no draft probabilities: q is one-hot on each draft token
         q = torch.zeros_like(p[:k])
         q[torch.arange(k), torch.tensor(drafts, dtype=torch.long)] = 1.0
-    for i, x in enumerate(drafts):
-        u = torch.rand((), generator=generator, dtype=torch.float64)
-        if q[i, x] > 0 and p[i, x] / q[i, x] >= u:
-            continue  # accepted: p(x) >= u * q(x)
-        residual = (p[i] - q[i]).clamp_min(0)  # where the target wants more mass than the draft gave
-        if residual.sum() <= 0:  # only reachable through rounding: p == q
-            residual = p[i]
-        return i, sample(residual / residual.sum(), generator)
-    return k, sample(p[k], generator)  # every draft accepted: the bonus token
+    path, node = [], -1  # node -1 is `last`, row 0; draft i is row i + 1
+    while True:
+        target = p[node + 1]  # what the target wants after the path so far
+        kept = None
+        for i in children(parents, node):
+            x = drafts[i]
+            u = torch.rand((), generator=generator, dtype=torch.float64)
+            if q[i, x] > 0 and target[x] / q[i, x] >= u:
+                kept = i  # accepted: target(x) >= u * q(x)
+                break
+            residual = (target - q[i]).clamp_min(0)  # where the target wants more mass than the draft gave
+            if residual.sum() <= 0:  # only reachable through rounding: target == q
+                residual = target
+            target = residual / residual.sum()
+        if kept is None:  # no child (the bonus token), or every child rejected (the recovered token)
+            return path, sample(target, generator)
+        path.append(kept)
+        node = kept
 
 
 def accept(
@@ -78,10 +104,11 @@ def accept(
     logits: torch.Tensor,
     sampling: Sampling,
     generator: torch.Generator | None = None,
-) -> tuple[int, int]:
-    """Pick the rule for this request: greedy, or rejection sampling on p."""
+    parents: list[int] | None = None,
+) -> tuple[list[int], int]:
+    """Pick the rule for this request: greedy, or rejection sampling on p. -> (accepted path, next token)."""
     if sampling.greedy:
-        return greedy_accept(drafts, logits)
+        return greedy_accept(drafts, logits, parents)
     # The random draws use a CPU generator (reproducible on any device); k+1 rows are cheap to move.
     q = q.float().cpu() if q is not None else None
-    return rejection_accept(drafts, q, probabilities(logits.cpu(), sampling), generator)
+    return rejection_accept(drafts, q, probabilities(logits.cpu(), sampling), generator, parents)

@@ -44,10 +44,15 @@ def round_tokens(trace) -> list[list[tuple[int, str]]]:
 
     Round with drafts d1..dk of which n were accepted: d1..dn "accepted",
     d(n+1) "rejected", d(n+2)..dk "discarded", then the target's own token,
-    "replaced" when a draft was rejected, else "bonus".
+    "replaced" when a draft was rejected, else "bonus". A tree round shows its
+    accepted path, then the children of the node where the walk stopped
+    (rejected), then every other node (discarded).
     """
     rounds = []
     for r in trace:
+        if getattr(r, "parents", None) is not None:
+            rounds.append(tree_round_tokens(r))
+            continue
         row = [(t, "accepted") for t in r.drafts[: r.accepted]]
         if r.accepted < len(r.drafts):
             row.append((r.drafts[r.accepted], "rejected"))
@@ -55,6 +60,15 @@ def round_tokens(trace) -> list[list[tuple[int, str]]]:
         row.append((r.next_token, "replaced" if r.accepted < len(r.drafts) else "bonus"))
         rounds.append(row)
     return rounds
+
+
+def tree_round_tokens(r) -> list[tuple[int, str]]:
+    """A tree round as [(token id, kind)]: the path, the stop node's children, the other branches."""
+    stop = r.path[-1] if r.path else -1
+    tried = [i for i, p in enumerate(r.parents) if p == stop]
+    row = [(r.drafts[i], "accepted") for i in r.path] + [(r.drafts[i], "rejected") for i in tried]
+    row += [(t, "discarded") for i, t in enumerate(r.drafts) if i not in r.path and i not in tried]
+    return row + [(r.next_token, "replaced" if tried else "bonus")]
 
 
 def output_tokens(trace) -> list[tuple[int, str]]:

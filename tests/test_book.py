@@ -5,7 +5,8 @@ localhost, and opens every page in Debian's headless Chromium through
 Playwright. Each page must load with no failed request and no request
 leaving the machine (MathJax, require.js and the widget embed script are
 local copies), no script error, rendered math, every figure the chapter
-stores, and a navigation that reaches every chapter. Screenshots go to
+stores, links that lead somewhere, nothing wider than the text column at
+1280 px, and a navigation that reaches every chapter. Screenshots go to
 book/_build/screenshots/ (git-ignored) as test artefacts.
 """
 
@@ -141,6 +142,14 @@ def test_page_renders_offline(site, browser, page_name):
         expected = stored_figures(page_name)
         assert len(sizes) == expected, f"{len(sizes)} figures on the page, the notebook stores {expected}"
         assert all(w for _, w in sizes), f"figures that did not load: {[s for s, w in sizes if not w]}"
+
+        # links: every link inside the book leads to a page (and anchor) that exists
+        links = page.eval_on_selector_all("main a[href]", "els => els.map(e => e.href)")
+        for link in {l for l in links if l.startswith(site)}:
+            url, _, anchor = link.partition("#")
+            assert page.request.get(url).status == 200, f"broken link: {link}"
+            if anchor and url.rstrip("/") == page.url.split("#")[0].rstrip("/"):
+                assert page.locator(f"[id='{anchor}']").count(), f"link to a missing anchor: {link}"
 
         # layout at 1280 px: no code or output block runs out of the column, no formula is clipped
         overflowing = page.eval_on_selector_all(

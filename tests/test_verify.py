@@ -16,10 +16,10 @@ def onehot_logits(choices, vocab=6):
 
 def test_greedy_accepts_matching_prefix_then_corrects():
     logits = onehot_logits([3, 1, 4, 0])  # the target wants 3, 1, 4, then 0
-    assert greedy_accept([3, 1, 5], logits) == (2, 4)  # d3 = 5 rejected, corrected to 4
-    assert greedy_accept([2, 1, 4], logits) == (0, 3)  # first draft wrong
-    assert greedy_accept([3, 1, 4], logits) == (3, 0)  # all accepted + bonus from the last row
-    assert greedy_accept([], logits[:1]) == (0, 3)  # k = 0 is plain greedy decoding
+    assert greedy_accept([3, 1, 5], logits) == ([0, 1], 4)  # d3 = 5 rejected, corrected to 4
+    assert greedy_accept([2, 1, 4], logits) == ([], 3)  # first draft wrong
+    assert greedy_accept([3, 1, 4], logits) == ([0, 1, 2], 0)  # all accepted + bonus from the last row
+    assert greedy_accept([], logits[:1]) == ([], 3)  # k = 0 is plain greedy decoding
 
 
 def test_sampling_top_k_and_top_p_match_definitions():
@@ -52,8 +52,8 @@ def _first_token_histogram(p, q, drafts_fn, n, vocab, seed=1234):
     counts = torch.zeros(vocab)
     for _ in range(n):
         drafts, qq = drafts_fn(gen)
-        accepted, nxt = rejection_accept(drafts, qq, p, gen)
-        first = drafts[0] if accepted >= 1 else nxt
+        path, nxt = rejection_accept(drafts, qq, p, gen)
+        first = drafts[0] if path else nxt
         counts[first] += 1
     return counts
 
@@ -90,9 +90,9 @@ def test_rejection_sampler_second_token_is_distributed_as_target():
     counts = torch.zeros(vocab)
     for _ in range(n):
         d = [2, int(torch.multinomial(q[1], 1, generator=gen))]
-        accepted, nxt = rejection_accept(d, torch.stack([torch.nn.functional.one_hot(torch.tensor(2), vocab).float(), q[1]]), p, gen)
-        assert accepted >= 1
-        counts[d[1] if accepted >= 2 else nxt] += 1
+        path, nxt = rejection_accept(d, torch.stack([torch.nn.functional.one_hot(torch.tensor(2), vocab).float(), q[1]]), p, gen)
+        assert len(path) >= 1
+        counts[d[1] if len(path) >= 2 else nxt] += 1
     assert chisquare(counts.numpy(), (p[1] * n).numpy()).pvalue > 1e-3
 
 
@@ -101,12 +101,12 @@ def test_identical_draft_is_always_accepted():
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         d = [int(torch.multinomial(p[i], 1, generator=gen)) for i in range(3)]
-        assert rejection_accept(d, p[:3], p, gen)[0] == 3  # p/q = 1 >= u always
+        assert rejection_accept(d, p[:3], p, gen)[0] == [0, 1, 2]  # p/q = 1 >= u always
 
 
 def test_accept_dispatches_on_sampling():
     logits = onehot_logits([3, 1])
-    assert accept([3], None, logits, Sampling()) == (1, 1)
+    assert accept([3], None, logits, Sampling()) == ([0], 1)
     gen = torch.Generator().manual_seed(0)
-    n, nxt = accept([3], None, logits * 10, Sampling(temperature=1.0), gen)  # p(3) ~ 1: accepted
-    assert n == 1 and nxt == 1
+    path, nxt = accept([3], None, logits * 10, Sampling(temperature=1.0), gen)  # p(3) ~ 1: accepted
+    assert path == [0] and nxt == 1

@@ -2,6 +2,7 @@
 
     start(target, state, hidden)   once per request, after the target prefilled the prompt
     propose(state, k, ...)         up to k draft tokens (+ their probabilities q)
+    propose_tree(state, tree, ...) a token tree instead (drafters with can_branch; tree.py)
     observe(state, n, hidden)      after each round's verify and commit: n drafts were accepted
     forget()                       drop anything kept across requests (a benchmark run starts clean)
 
@@ -16,7 +17,7 @@ drafter may rely on, and every loop change must keep):
    i.e. on the budget's last token), then one target verify and commit, then
    ``observe`` — ALWAYS, even when ``propose`` was skipped (then n = 0). Its
    ``hidden[t]`` has n + 1 rows, for ``[last, d1..dn]``: exactly the tokens the
-   round moved into the target cache. A drafter that catches up in ``propose``
+   round moved into the target cache (after a tree: its accepted path). A drafter that catches up in ``propose``
    must therefore queue what ``observe`` hands it, not replace it.
 3. After ``observe``, ``state.ids`` ends with the target's own token, which is
    not yet in the target cache (the cache invariant, target.py).
@@ -49,18 +50,32 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import Sampling
+from ..tree import TreeSpec, depths
 
 
 @dataclass
 class Proposal:
-    """Draft tokens and, when the drafter sampled them, their distributions."""
+    """Draft tokens and, when the drafter sampled them, their distributions; a chain, or a tree."""
 
     tokens: list[int]  # [k'] with k' <= k
     q: torch.Tensor | None = None  # [k', V] draft probabilities, None = one-hot (greedy drafts)
+    parents: list[int] | None = None  # a tree (tree.py): node i continues node parents[i], -1 = `last`
 
     def __post_init__(self):
         if self.q is not None and self.q.shape[0] != len(self.tokens):
             raise ValueError(f"q has {self.q.shape[0]} rows for {len(self.tokens)} draft tokens.")
+        if self.parents is not None:
+            if len(self.parents) != len(self.tokens):
+                raise ValueError(f"{len(self.parents)} parents for {len(self.tokens)} draft tokens.")
+            depths(self.parents)  # refuses a node that comes before its parent
+
+    @property
+    def depth(self) -> int:
+        """The longest root-to-node path: the most drafts a round can accept."""
+        return max(depths(self.parents), default=0) if self.parents is not None else len(self.tokens)
+
+
+BRANCHING = ("ngram", "suffix", "eagle3", "dflash", "dspark")  # the drafters that grow trees
 
 
 class Drafter:
@@ -70,15 +85,30 @@ class Drafter:
     taps: tuple[int, ...] = ()  # target hidden states this drafter reads (see target.py)
     max_k: int | None = None  # the most tokens one proposal can hold; None = no limit
 
+    can_branch = False  # grows token trees (propose_tree)
+
     def check_k(self, k: int) -> None:
         """Refuse a k this drafter cannot draft, saying why."""
         if self.max_k is not None and k > self.max_k:
             raise ValueError(f"{self.name} drafts at most {self.max_k} tokens per round; got k={k}.")
 
+    def check_tree(self, tree: TreeSpec) -> None:
+        """Refuse a tree this drafter cannot grow, saying why."""
+        if not self.can_branch:
+            raise ValueError(f"{self.name} drafts one chain and cannot grow a tree: drop the tree (use k), or "
+                             f"choose a drafter that branches ({', '.join(BRANCHING)}).")
+        if self.max_k is not None and tree.depth > self.max_k:
+            raise ValueError(f"A tree of depth {tree.depth} is beyond {self.name}'s block: its slots give at most "
+                             f"{self.max_k} positions; ask for depth <= {self.max_k}.")
+
     def start(self, target, state, hidden: dict[int, torch.Tensor]) -> None:
         """A new prompt: `hidden` holds the taps for state.ids[:-1] ([prompt_len-1, H] each)."""
 
     def propose(self, state, k: int, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError
+
+    def propose_tree(self, state, tree: TreeSpec, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        """A token tree of at most tree.nodes nodes and tree.depth levels (drafters with can_branch)."""
         raise NotImplementedError
 
     def observe(self, state, accepted: int, hidden: dict[int, torch.Tensor]) -> None:

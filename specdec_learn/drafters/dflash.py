@@ -67,6 +67,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from ..formats.io import full_attention_rope, load_strict
 from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
+from ..tree import best_first, top_candidates
 from .base import Drafter, Proposal
 
 SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
@@ -315,10 +316,25 @@ class DFlashDrafter(Drafter):
         q = probabilities(logits, sampling)  # [k, V]
         return Proposal([sample(row, generator) for row in q], q)
 
+    can_branch = True
+
+    def propose_tree(self, state, tree, sampling, generator) -> Proposal:
+        """One block forward, then a tree from each slot's top candidates (slots never see each other)."""
+        hidden = self.block_hidden(state)[1 : tree.depth + 1]  # slot d drafts depth d
+        with torch.inference_mode():
+            probs = slot_probabilities(self.logits(hidden), sampling)  # [depth, V]
+        tokens, parents, _ = best_first(lambda path: top_candidates(probs[len(path)], tree.branch), tree)
+        return Proposal(tokens, parents=parents)
+
     def observe(self, state, accepted, hidden) -> None:
         # Rows of [last, d1..dn]: newly committed context. Append, do not replace: a
         # round with no drafts (the budget's last token) skips propose and its catch-up.
         self.pending = torch.cat([self.pending, self._cat(hidden)])
+
+
+def slot_probabilities(logits: torch.Tensor, sampling) -> torch.Tensor:
+    """A tree's candidates are ranked by the drafter's distribution (temperature 1 when greedy)."""
+    return logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)
 
 
 # -- load and save (the z-lab format itself: formats/zlab.py) ---------------------------

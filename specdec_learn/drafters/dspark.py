@@ -57,8 +57,9 @@ from torch import nn
 from ..formats import deepspec, speculators
 from ..formats.io import load_strict, read_config
 from ..sampling import draft_token
+from ..tree import best_first, top_candidates
 from .base import Proposal
-from .dflash import DFlashDrafter, DFlashModel, draft_config
+from .dflash import DFlashDrafter, DFlashModel, draft_config, slot_probabilities
 
 
 class MarkovHead(nn.Module):
@@ -216,6 +217,28 @@ class DSparkDrafter(DFlashDrafter):
             tokens = tokens[: gated_length(confidence, self.gate)]
         q = torch.stack(qs[: len(tokens)]) if qs and tokens else None
         return Proposal(tokens, q)
+
+
+    def propose_tree(self, state, tree, sampling, generator) -> Proposal:
+        """A tree from each slot's candidates; with the Markov head, a node's children see its token.
+
+        Slot d's logits for a child of node u are base_d + W2·W1[token of u]:
+        the same left-to-right bias as the chain, applied per branch. The gate
+        does not prune trees: the node budget already bounds the verify cost.
+        """
+        hidden = self.block_hidden(state)[: tree.depth]  # [depth, H]; slot d predicts depth d + 1
+        anchor = state.ids[-1]
+
+        @torch.inference_mode()
+        def expand(path):
+            row = self.logits(hidden[len(path)])  # [V]
+            if self.markov is not None:
+                prev = path[-1] if path else anchor
+                row = row + self.markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+            return top_candidates(slot_probabilities(row[None], sampling)[0], tree.branch)
+
+        tokens, parents, _ = best_first(expand, tree)
+        return Proposal(tokens, parents=parents)
 
 
 # -- load and save (the formats themselves: formats/deepspec.py, formats/speculators.py) --

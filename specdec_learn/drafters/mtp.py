@@ -291,7 +291,11 @@ class MTPDrafter(Drafter):
         return result
 
     def _run(self, j: int, h_in: torch.Tensor, tokens: list[int]):
-        """Layer j over len(tokens) new positions after its cache -> (logits [1, n, V], h [1, n, H])."""
+        """Layer j over len(tokens) new positions after its cache -> (logits [1, 1, V], h [1, n, H]).
+
+        Only the last position's token is ever drafted, so only its row goes through
+        the output head: on a small target the head costs more than the layer.
+        """
         cache = self.caches[j]
         past, n = cache.get_seq_length(), len(tokens)
         device = h_in.device
@@ -302,7 +306,9 @@ class MTPDrafter(Drafter):
             e[:, 0] = 0  # vLLM zeroes the embedding at position 0 for DeepSeek MTP
         pe = rotary(self.target, e, positions)
         mask = causal_mask(past, n, e.dtype, device)
-        return self.head.step(j % self.head.num_layers)(e, h_in, pe, mask, cache)
+        step = self.head.step(j % self.head.num_layers)
+        out, h_next = step.hidden(e, h_in, pe, mask, cache)
+        return step.head(out[:, -1:]), h_next
 
 
 def rotary(target, x: torch.Tensor, positions: torch.Tensor):

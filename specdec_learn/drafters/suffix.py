@@ -31,9 +31,11 @@ Both trees propose; the proposal with the larger expected number of accepted
 tokens (the sum of the path probabilities) wins.
 
 The paper builds a speculation *tree* and verifies it with tree attention;
-our loop verifies one chain, so we take the single most likely path (the
-trees' greedy branch). Like every drafter here its drafts only propose: the
-target verifies, and greedy output is the target's own.
+so does `propose_tree` (tree.py): the most frequent continuations, expanded
+best first by their cumulative probability. As a chain (`propose`) it takes
+the single most likely path, the tree's greedy branch. Like every drafter
+here its drafts only propose: the target verifies, and greedy output is the
+target's own.
 
 vLLM offers this method as ``suffix`` (through the Arctic Inference package)
 with the same knobs and defaults: ``suffix_decoding_max_tree_depth`` (24: the
@@ -51,6 +53,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..tree import best_first
 from .base import Drafter, Proposal
 
 
@@ -139,6 +142,35 @@ def speculate(trie: SuffixTrie, ids: list[int], k: int, min_match: int, max_spec
     return Speculation([], 0.0, 0)
 
 
+def match(trie: SuffixTrie, ids: list[int], min_match: int) -> tuple[Node | None, int]:
+    """The node of the longest suffix of `ids` (at most max_depth / 2 tokens) the trie saw continued, and its length."""
+    for n in range(min(trie.max_depth // 2, len(ids)), min_match - 1, -1):
+        node = trie.find(ids[-n:])
+        if node is not None and node.children:
+            return node, n
+    return None, 0
+
+
+def grow_tree(trie: SuffixTrie, ids: list[int], spec, min_match: int, max_spec_factor: float,
+              min_token_prob: float) -> tuple[list[int], list[int], float]:
+    """The trie's most frequent continuations as a tree: (tokens, parents, expected accepted tokens)."""
+    node, n = match(trie, ids, min_match)
+    if node is None:
+        return [], [], 0.0
+
+    def expand(path):
+        at = node
+        for t in path:
+            at = at.children[t]
+        total = sum(child.count for child in at.children.values())
+        ranked = sorted(at.children.items(), key=lambda item: -item[1].count)
+        return [(t, child.count / total) for t, child in ranked]
+
+    depth = min(int(max_spec_factor * n), trie.max_depth - n)
+    tokens, parents, scores = best_first(expand, spec, max_depth=depth, min_score=min_token_prob)
+    return tokens, parents, sum(scores)
+
+
 class SuffixDrafter(Drafter):
     """Suffix decoding with a local (this request) and a global (earlier outputs) suffix trie.
 
@@ -184,6 +216,16 @@ class SuffixDrafter(Drafter):
         args = (state.ids, k, self.min_match, self.max_spec_factor, self.min_token_prob)
         best = max(speculate(self.local, *args), speculate(self.global_trie, *args), key=lambda s: s.score)
         return Proposal(best.tokens)
+
+    can_branch = True
+
+    def propose_tree(self, state, tree, sampling, generator) -> Proposal:
+        """The paper's speculation tree: both tries grow one, the one expected to keep more tokens wins."""
+        self.local.extend(state.ids[self._seen :])
+        self._seen = len(state.ids)
+        args = (state.ids, tree, self.min_match, self.max_spec_factor, self.min_token_prob)
+        tokens, parents, _ = max(grow_tree(self.local, *args), grow_tree(self.global_trie, *args), key=lambda t: t[2])
+        return Proposal(tokens, parents=parents)
 
     def _file_previous_output(self) -> None:
         """The request that just ended joins the global trie (its output only: prompts differ).
