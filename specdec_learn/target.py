@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from functools import cached_property
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from transformers import DynamicCache
@@ -230,10 +230,10 @@ class Target:
         """Append the round's output tokens (accepted drafts + next) and take the rejected drafts out of the cache.
 
         verify ran [last, d1..dk]; the round output is d1..dn followed by the
-        target's own token. After a tree, `path` lists the accepted nodes and
-        the cache keeps [last, the path's nodes] (`keep_path`). The cache keeps [last, d1..dn] (n+1 = len(tokens)
+        target's own token. The cache keeps [last, d1..dn] (n+1 = len(tokens)
         rows); d_{n+1}..d_k go: attention layers crop them, linear-attention
-        layers roll back.
+        layers roll back. After a tree, `path` lists the accepted nodes and the
+        cache keeps [last, the path's nodes] (`keep_path`).
 
         Rolling back a linear-attention layer: its state after verify has
         folded in all k+1 rows and cannot un-fold the last k-n. So restore the

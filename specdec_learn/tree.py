@@ -4,8 +4,10 @@ A chain of drafts bets everything on the drafter's first guess at every
 position. A learned drafter that is wrong at position 1 is often right with
 its second or third guess; a tree keeps those guesses too. SpecInfer (Miao et
 al. 2024), Medusa (Cai et al. 2024) and EAGLE-2 (Li et al. 2024) verify a
-*tree* of candidates in a single forward pass, and on a memory-bound target a
-pass over 16 rows costs little more than a pass over 4 (chapter 1).
+*tree* of candidates in a single forward pass. On a memory-bound target (a
+large model on a GPU) a pass over 16 rows costs little more than a pass over
+4 (chapter 1); on a small target on a CPU it costs noticeably more, which
+decides whether a tree pays (chapter 14 measures both sides).
 
 **The tree.** Draft tokens ``tokens[i]`` with ``parents[i]``, the index of
 the node they continue; -1 is the root, the committed token ``last``. Nodes
@@ -30,8 +32,9 @@ the path's rows.
 score, the product of the drafter's probabilities along its path (its
 estimated chance of being accepted). Keep expanding the highest-scoring
 candidate until the node budget is spent. Drafters supply the candidates:
-the block drafters from each slot's distribution, suffix decoding from its
-trie's counts, n-gram lookup from every earlier match.
+EAGLE-3 from one batched draft step per depth, the block drafters from each
+slot's distribution, suffix decoding from its trie's counts, n-gram lookup
+from every earlier match.
 
 vLLM spells a static tree ``speculative_token_tree`` (the root-to-node paths
 as tuples of child ranks, EAGLE only); here a tree is grown per round from

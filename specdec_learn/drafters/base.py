@@ -17,8 +17,9 @@ drafter may rely on, and every loop change must keep):
    i.e. on the budget's last token), then one target verify and commit, then
    ``observe`` — ALWAYS, even when ``propose`` was skipped (then n = 0). Its
    ``hidden[t]`` has n + 1 rows, for ``[last, d1..dn]``: exactly the tokens the
-   round moved into the target cache (after a tree: its accepted path). A drafter that catches up in ``propose``
-   must therefore queue what ``observe`` hands it, not replace it.
+   round moved into the target cache (after a tree: `last` and its accepted
+   path). A drafter that catches up in ``propose`` must therefore queue what
+   ``observe`` hands it, not replace it.
 3. After ``observe``, ``state.ids`` ends with the target's own token, which is
    not yet in the target cache (the cache invariant, target.py).
 4. ``forget`` drops what was learned from EARLIER requests (only suffix
