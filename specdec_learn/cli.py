@@ -116,9 +116,7 @@ def _bench(args, sampling) -> int:
         from . import vllm_backend
 
         if args.tree:
-            raise ValueError("--tree runs in the readable loop only: vLLM verifies trees for EAGLE "
-                             "(speculative_token_tree), which this backend does not pass on. Drop --tree, or use "
-                             "--backend native.")
+            raise ValueError(NO_VLLM_TREES)
         target = None
         records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
                                      args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
@@ -166,10 +164,16 @@ def _vllm_options(args) -> dict:
     return options
 
 
+# vLLM verified EAGLE trees (`speculative_token_tree`, tree attention) until it removed them in May 2026
+# (vllm-project/vllm#42121); the vLLM this backend drives (0.32) has neither, so there is nothing to pass on.
+NO_VLLM_TREES = ("--tree runs in the readable loop only: this vLLM verifies chains (it removed tree attention and "
+                 "speculative_token_tree). Drop --tree, or use --backend native.")
+
+
 def _generate(args, sampling) -> int:
     if args.backend == "vllm":
         if args.tree:
-            raise ValueError("--tree runs in the readable loop only: drop it, or use --backend native.")
+            raise ValueError(NO_VLLM_TREES)
         return _generate_vllm(args, sampling)
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
     drafter = make_drafter(args.method, target, draft=args.draft)

@@ -32,13 +32,16 @@ the path's rows.
 score, the product of the drafter's probabilities along its path (its
 estimated chance of being accepted). Keep expanding the highest-scoring
 candidate until the node budget is spent. Drafters supply the candidates:
-EAGLE-3 from one batched draft step per depth, the block drafters from each
-slot's distribution, suffix decoding from its trie's counts, n-gram lookup
-from every earlier match.
+the block drafters from each slot's distribution, suffix decoding from its
+trie's counts, n-gram lookup from every earlier match. Drafters that need a
+forward pass per step (EAGLE-3, a draft model) grow the tree depth by depth
+instead, one batched step per depth (`dynamic_tree`, as EAGLE-2 does), each
+node seeing only its ancestors (`ancestor_mask`).
 
-vLLM spells a static tree ``speculative_token_tree`` (the root-to-node paths
-as tuples of child ranks, EAGLE only); here a tree is grown per round from
-``TreeSpec(nodes, depth, branch)``.
+vLLM once took a static tree, ``speculative_token_tree`` (the root-to-node
+paths as tuples of child ranks, EAGLE only), and removed it with its tree
+attention in May 2026 (vllm-project/vllm#42121): its serving path verifies
+chains. Here a tree is grown per round from ``TreeSpec(nodes, depth, branch)``.
 
 Glossary: *node budget* = draft tokens verified per round; *branch* = the
 most children one node may get; *path* = the accepted nodes, root first.
@@ -162,6 +165,60 @@ def best_first(expand, spec: TreeSpec, max_depth: int | None = None,
         paths.append(path)
         offer(len(tokens) - 1, path, -neg)
     return tokens, parents, scores
+
+
+def dynamic_tree(root: torch.Tensor, step, spec: TreeSpec,
+                 vocab: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
+    """EAGLE-2's dynamic tree for a drafter that runs step by step: one batched step per depth.
+
+    `best_first` asks for one node's children at a time; a drafter that must
+    run a forward pass to get them would pay one pass per node. Here the
+    drafter runs once per depth instead. root [V']: its distribution after
+    `last`. At each depth every node run so far has offered its `spec.branch`
+    most likely children (score = the product of probabilities along the
+    path); the `spec.branch` best of the new ones run together,
+    step(run, tokens, parents, depth) -> their children's distributions
+    [len(run), V']. The tree is the `spec.nodes` best-scoring candidates of
+    all: a score only falls along a path, so a chosen node's parent is chosen
+    too. vocab [V']: the target id of each column (a reduced draft
+    vocabulary); None when the columns are the target's ids.
+    Returns (tokens, parents), parents first.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    frontier = [(-1, root, 1.0)]  # (node, the distribution of its children [V'], its score)
+    for depth in range(1, spec.depth + 1):
+        offered = []
+        for node, probs, score in frontier:
+            for column, p in top_candidates(probs, spec.branch):
+                tokens.append(column if vocab is None else int(vocab[column]))
+                parents.append(node)
+                scores.append(score * p)
+                offered.append(len(tokens) - 1)
+        if depth == spec.depth or not offered:
+            break
+        run = sorted(offered, key=lambda c: -scores[c])[: spec.branch]
+        probs = step(run, tokens, parents, depth)  # [len(run), V']
+        frontier = [(c, probs[i], scores[c]) for i, c in enumerate(run)]
+    keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[: spec.nodes])  # back in creation order
+    index = {c: i for i, c in enumerate(keep)}
+    return [tokens[c] for c in keep], [index[parents[c]] if parents[c] >= 0 else -1 for c in keep]
+
+
+def ancestor_mask(run: list[int], parents: list[int], rows: dict[int, int], total: int, device) -> torch.Tensor:
+    """Which of a drafter's `total` cache rows each node in `run` sees among the tree's rows: [len(run), total] bool.
+
+    rows[node]: the cache row where a node that already ran sits (the nodes in
+    `run` must have theirs). A node sees itself and its ancestors; the
+    committed rows before the tree are the caller's to allow.
+    """
+    mask = torch.zeros(len(run), total, dtype=torch.bool, device=device)
+    for i, node in enumerate(run):
+        while node >= 0:
+            mask[i, rows[node]] = True
+            node = parents[node]
+    return mask
 
 
 def top_candidates(probs: torch.Tensor, branch: int) -> list[tuple[int, float]]:

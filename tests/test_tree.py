@@ -6,7 +6,7 @@ from conftest import MAX_NEW
 from scipy.stats import chisquare
 
 import specdec_learn as sd
-from specdec_learn.drafters.base import Proposal
+from specdec_learn.drafters.base import BRANCHING, Proposal
 from specdec_learn.tree import TreeSpec, best_first, chain_parents, depths, tree_mask, tree_positions
 from specdec_learn.verify import greedy_accept, rejection_accept
 from specdec_learn.zoo import make_drafter
@@ -123,9 +123,6 @@ def test_commit_keeps_the_accepted_path_in_the_cache(target):
     torch.testing.assert_close(target.verify(tree, [5]).logits, target.verify(chain, [5]).logits, atol=2e-4, rtol=1e-4)
 
 
-BRANCHING = ["ngram", "suffix", "eagle3", "dflash", "dspark"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method", BRANCHING)
 def test_greedy_with_a_tree_equals_plain_decoding(target, real_prompts, ar_greedy, method):
@@ -153,10 +150,25 @@ def test_sampled_tree_decoding_runs_and_is_reproducible(target):
 @pytest.mark.slow
 def test_trees_refuse_what_they_cannot_do(target):
     with pytest.raises(ValueError, match="cannot grow a tree"):
-        sd.generate(target, "Hi", make_drafter("draft_model", target), tree=TreeSpec())
+        sd.generate(target, "Hi", make_drafter("mtp", target), tree=TreeSpec())
+    from test_sliding_window import tiny_gemma3
+
+    sliding = sd.DraftModelDrafter(tiny_gemma3(vocab_size=target.vocab_size, hidden=16, layers=2), target)
+    with pytest.raises(ValueError, match="sliding-window .* draft a chain"):
+        sd.generate(target, "Hi", sliding, tree=TreeSpec())
     with pytest.raises(ValueError, match="beyond dflash's block"):
         sd.generate(target, "Hi", make_drafter("dflash", target), tree=TreeSpec(depth=99))
     with pytest.raises(ValueError, match="not both"):
         sd.generate(target, "Hi", sd.NgramDrafter(), k=3, tree=TreeSpec())
     with pytest.raises(ValueError, match="needs a drafter"):
         sd.generate(target, "Hi", tree=TreeSpec())
+
+
+def test_the_vllm_backend_refuses_a_tree_and_says_why(capsys):
+    from specdec_learn.cli import main
+
+    for command in (["bench", "--methods", "eagle3", "--workload", "math", "--prompts", "1"],
+                    ["generate", "--method", "eagle3", "--prompt", "Hi"]):
+        assert main([*command, "--backend", "vllm", "--tree", "8,3"]) == 2
+        err = capsys.readouterr().err
+        assert "removed tree attention" in err and "--backend native" in err and "Traceback" not in err

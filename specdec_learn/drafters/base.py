@@ -76,7 +76,7 @@ class Proposal:
         return max(depths(self.parents), default=0) if self.parents is not None else len(self.tokens)
 
 
-BRANCHING = ("ngram", "suffix", "eagle3", "dflash", "dspark")  # the drafters that grow trees
+BRANCHING = ("ngram", "suffix", "draft_model", "eagle3", "dflash", "dspark")  # the drafters that grow trees
 
 
 class Drafter:

@@ -20,6 +20,13 @@ Two kinds of draft model need more than a crop (target.py explains both):
 Under sampling the drafts are drawn from the draft model's own distribution q
 (with the request's temperature / top-k / top-p applied) and q goes to the
 rejection sampler; under greedy decoding the drafts are argmaxes and need no q.
+
+A tree (tree.py) is grown as EAGLE-2 grows one: one batched draft-model pass
+per depth, the nodes of a depth side by side, each told by a 4D attention
+mask to see the committed cache and its own ancestors only. Afterwards the
+cache is cropped back to the committed tokens, and the next catch-up runs the
+accepted path in one pass. Only a draft model whose every layer keeps every
+position (full attention) can do this; others draft chains.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from transformers import DynamicCache
 
 from ..sampling import draft_token
 from ..target import LinearState, crop_cache, is_linear, record_past
+from ..tree import ancestor_mask, dynamic_tree
 from .base import Drafter, Proposal
 
 
@@ -41,6 +49,7 @@ class DraftModelDrafter(Drafter):
         self.cache: DynamicCache | None = None
         self.committed: LinearState | None = None  # linear-attention draft models: the state after the catch-up
         self.committed_len = 0  # positions in the cache when that snapshot was taken
+        self.tree_base: int | None = None  # after a tree: the committed positions, where the cache is cropped
         if target is not None:
             check_same_vocabulary(model, target)
 
@@ -48,6 +57,7 @@ class DraftModelDrafter(Drafter):
         check_same_vocabulary(self.model, target)
         self.cache = DynamicCache(config=self.model.config)
         self.committed = None
+        self.tree_base = None
 
     @torch.inference_mode()
     def _step(self, tokens: list[int]) -> torch.Tensor:
@@ -56,14 +66,21 @@ class DraftModelDrafter(Drafter):
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
-    def propose(self, state, k, sampling, generator) -> Proposal:
-        # Catch up on committed tokens the draft model has not seen yet
-        # (the whole prompt at first, afterwards the target's own token(s)).
+    def _catch_up(self, state) -> torch.Tensor:
+        """Run the committed tokens the draft model has not seen yet -> logits [V] after `last`.
+
+        That is the whole prompt at first, afterwards the target's own token
+        (after a chain) or the accepted path and the target's token (after a tree).
+        """
         logits = self._step(state.ids[self.cache.get_seq_length() :])
         # Everything in the cache is committed now; what follows may be rejected.
         record_past(self.cache)
         if any(is_linear(layer) for layer in self.cache.layers):
             self.committed, self.committed_len = LinearState.take(self.cache), self.cache.get_seq_length()
+        return logits
+
+    def propose(self, state, k, sampling, generator) -> Proposal:
+        logits = self._catch_up(state)
         tokens, qs = [], []
         for i in range(k):
             tokens.append(draft_token(logits, sampling, generator, qs))
@@ -71,7 +88,52 @@ class DraftModelDrafter(Drafter):
                 logits = self._step(tokens[-1:])
         return Proposal(tokens, torch.stack(qs) if qs else None)
 
+    # -- trees ------------------------------------------------------------
+    can_branch = True
+
+    def check_tree(self, tree) -> None:
+        super().check_tree(tree)
+        layers = DynamicCache(config=self.model.config).layers
+        if any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers):
+            raise ValueError("This draft model has sliding-window or linear-attention layers, which cannot keep "
+                             "a tree's scattered positions: draft a chain (k) with it instead.")
+
+    @torch.inference_mode()
+    def propose_tree(self, state, tree, sampling, generator) -> Proposal:
+        """EAGLE-2's dynamic tree (tree.dynamic_tree), one draft-model pass per depth.
+
+        The drafts are the top candidates, not samples: under sampling the
+        verifier treats them as one-hot (verify.py), which keeps it lossless.
+        """
+        root = self._catch_up(state).float().softmax(-1)  # [V]
+        self.tree_base = self.cache.get_seq_length()  # = len(state.ids): `last` is in the cache
+        rows: dict[int, int] = {}  # node -> its row in the draft cache
+
+        def step(run, tokens, parents, depth):
+            return self._tree_step(run, tokens, parents, rows, depth).float().softmax(-1)  # [n, V]
+
+        tokens, parents = dynamic_tree(root, step, tree)
+        return Proposal(tokens, parents=parents)
+
+    def _tree_step(self, run, tokens, parents, rows, depth) -> torch.Tensor:
+        """Run the nodes `run` (all at `depth`) after the cache, side by side -> their next-token logits [n, V]."""
+        device, dtype = self.model.device, self.model.dtype
+        past = self.cache.get_seq_length()
+        rows.update({c: past + i for i, c in enumerate(run)})
+        sees = ancestor_mask(run, parents, rows, past + len(run), device)  # [n, past + n]
+        sees[:, : self.tree_base] = True  # every committed token
+        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, torch.finfo(dtype).min)
+        ids = torch.tensor([[tokens[c] for c in run]], dtype=torch.long, device=device)  # [1, n]
+        positions = torch.full((1, len(run)), self.tree_base + depth - 1, dtype=torch.long, device=device)  # [1, n]
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                         attention_mask=mask[None, None], position_ids=positions)  # mask [1, 1, n, past + n]
+        return out.logits[0]
+
     def observe(self, state, accepted, hidden) -> None:
+        if self.tree_base is not None:  # after a tree: back to the committed tokens; the path runs next round
+            crop_cache(self.cache, self.tree_base)
+            self.tree_base = None
+            return
         # The cache holds committed ids up to `last`, then d1..d(k-1). Keep the
         # accepted drafts; state.ids[-1] (the target's token) is run next round.
         if self.committed is None:

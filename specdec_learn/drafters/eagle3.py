@@ -45,7 +45,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # 
 from ..formats.io import load_strict
 from ..formats.speculators import Eagle3Config, eagle3_config_for, eagle3_layer_attention, read_eagle3, write_eagle3
 from ..sampling import probabilities, sample
-from ..tree import top_candidates
+from ..tree import ancestor_mask, dynamic_tree
 from .base import Drafter, Proposal
 
 
@@ -291,60 +291,43 @@ class Eagle3Drafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, state, tree, sampling, generator) -> Proposal:
-        """EAGLE-2's dynamic tree: one batched draft step per depth, then the best nodes overall.
+        """EAGLE-2's dynamic tree (tree.dynamic_tree): one batched draft step per depth.
 
-        Depth by depth, every node run so far offers its `branch` most likely
-        children (score = the product of probabilities along the path); the
-        `branch` best new ones run together in one draft step, each seeing the
-        committed positions and its own ancestors only (a tree mask over the
-        drafter's cache). The tree is the `nodes` best-scoring candidates: a
-        score only falls along a path, so a chosen node's parent is chosen too.
+        The nodes of one depth run together, each seeing the committed
+        positions and its own ancestors only (a tree mask over the drafter's
+        cache); each feeds back its parent's state, as a chain step does.
+        The drafts are the top candidates, not samples: under sampling the
+        verifier treats them as one-hot (verify.py), which keeps it lossless.
         """
         model = self.model
         x = self._catch_up(state)
         if x is None:
             return Proposal([])
-        tokens, parents, scores, rows = [], [], [], {}  # every candidate; rows: cache row of those that ran
-        frontier = [(-1, x, 1.0)]  # (candidate, its state x [1, H], its score): nodes whose children come next
-        for depth in range(1, tree.depth + 1):
-            offered = []
-            for node, x_node, score in frontier:
-                probs = model.logits(x_node)[0].float().softmax(-1)  # [V_d]
-                for draft_id, p in top_candidates(probs, tree.branch):
-                    tokens.append(int(model.draft_to_target[draft_id]))
-                    parents.append(node)
-                    scores.append(score * p)
-                    offered.append(len(tokens) - 1)
-            if depth == tree.depth or not offered:
-                break
-            run = sorted(offered, key=lambda c: -scores[c])[: tree.branch]
-            xs = self._tree_step(run, tokens, parents, rows, frontier, depth)
-            frontier = [(c, xs[i : i + 1], scores[c]) for i, c in enumerate(run)]
-        keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[: tree.nodes])  # creation order
-        index = {c: i for i, c in enumerate(keep)}
-        return Proposal([tokens[c] for c in keep], parents=[index[parents[c]] if parents[c] >= 0 else -1 for c in keep])
+        states, rows = {-1: x}, {}  # node -> its state x [1, H]; node -> its row in the drafter's cache
 
-    def _tree_step(self, run, tokens, parents, rows, frontier, depth) -> torch.Tensor:
+        def step(run, tokens, parents, depth):
+            xs = self._tree_step(run, tokens, parents, rows, states, depth)  # [n, H]
+            states.update({c: xs[i : i + 1] for i, c in enumerate(run)})
+            return model.logits(xs).float().softmax(-1)  # [n, V_d]
+
+        root = model.logits(x)[0].float().softmax(-1)  # [V_d]
+        tokens, parents = dynamic_tree(root, step, tree, vocab=model.draft_to_target)
+        return Proposal(tokens, parents=parents)
+
+    def _tree_step(self, run, tokens, parents, rows, states, depth) -> torch.Tensor:
         """Run the candidates `run` (all at `depth`) in one draft step -> their states x [len(run), H]."""
         model, layer = self.model, self.model.layers[0]
         device = model.fc.weight.device
-        state_of = {node: x_node for node, x_node, _ in frontier}
-        hidden = model.feedback(torch.cat([state_of[parents[c]] for c in run]))  # [n, H]: each parent's state
+        hidden = model.feedback(torch.cat([states[parents[c]] for c in run]))  # [n, H]: each parent's state
         positions = torch.full((len(run),), self.num_real + depth - 1, device=device)  # a node at depth d: d - 1 on
         emb = model.embed(torch.tensor([tokens[c] for c in run], device=device)).to(hidden.dtype)  # [n, H]
         cos, sin = model.rope(positions)
         q, k, v = layer.qkv(emb, hidden, cos, sin)
-        first = len(self.cache)
+        rows.update({c: len(self.cache) + i for i, c in enumerate(run)})
         self.cache.append(k, v)
-        mask = torch.zeros(len(run), len(self.cache), dtype=torch.bool, device=device)  # [n, T]
+        mask = ancestor_mask(run, parents, rows, len(self.cache), device)  # [n, T]
         committed = positions[:, None] - torch.arange(self.num_real, device=device)[None, :]  # [n, num_real]
         mask[:, : self.num_real] = committed < layer.window if layer.window is not None else True
-        for i, c in enumerate(run):
-            rows[c] = first + i
-            at = c
-            while at >= 0:  # itself and its ancestors (each of them ran at an earlier depth)
-                mask[i, rows[at]] = True
-                at = parents[at]
         return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
 
     def observe(self, state, accepted, hidden) -> None:
