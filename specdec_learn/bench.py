@@ -41,7 +41,7 @@ from .stats import Stats
 from .target import Target
 from .tree import TreeSpec
 from .workloads import Prompt
-from .zoo import make_drafter
+from .zoo import REDUCIBLE, make_drafter
 
 
 @dataclass
@@ -57,6 +57,12 @@ class Record:
     draft_cost: float | None = None  # c: drafter seconds per drafted token / AR seconds per step (None: no drafts)
     verify_cost: float | None = None  # seconds per verify round / AR seconds per step
     tree: TreeSpec | None = None  # a token tree instead of a chain of k (then k = the tree's depth)
+    draft_vocab: int | None = None  # the drafter scored only this many tokens (vocab.py); None = all
+
+    @property
+    def name(self) -> str:
+        """The method, with its draft vocabulary when reduced: 'dflash v8192'."""
+        return self.method if self.draft_vocab is None else f"{self.method} v{self.draft_vocab}"
 
     @property
     def label(self) -> str:
@@ -69,6 +75,7 @@ class Record:
             "method": self.method,
             "k": self.k,
             "tree": None if self.tree is None else asdict(self.tree),
+            "draft_vocab": self.draft_vocab,
             "nodes_per_round": s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0,
             "speedup": self.speedup,
             "greedy_match": self.greedy_match,
@@ -104,11 +111,14 @@ def bench(
     draft: str | None = None,
     progress: bool = True,
     trees: list[TreeSpec] = (),
+    draft_vocabs: list[int] = (),
 ) -> list[Record]:
     """Run AR once and every other method at every k (and every tree); fill in speedup and greedy match.
 
     ks: the same draft lengths for every method, or {method: its draft lengths}.
     trees: token trees to run too, after each method's chains (drafters that branch only).
+    draft_vocabs: reduced draft vocabulary sizes (vocab.py) to run each reducible method's chains with
+    too, beside its full-vocabulary runs (zoo.REDUCIBLE; other methods run once).
     """
     if not prompts:
         raise ValueError("No prompts to benchmark on.")
@@ -122,22 +132,25 @@ def bench(
         raise ValueError(f"No draft lengths given for {', '.join(empty)} (ks is empty): give e.g. ks=[1, 3, 5].")
     if any(k < 1 for m in methods for k in ks_of[m]):
         raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
-    runs = [("ar", 0, None)] + [(m, k, None) for m in methods for k in ks_of[m]]
-    runs += [(m, 0, tree) for m in methods for tree in trees]
+    runs = [("ar", 0, None, None)] + [(m, k, None, None) for m in methods for k in ks_of[m]]
+    runs += [(m, 0, tree, None) for m in methods for tree in trees]
+    runs += [(m, k, None, v) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
-    drafters = {m: make_drafter(m, target, draft=draft) for m in dict.fromkeys(m for m, _, _ in runs)}
-    for m, _, tree in runs:
+    drafters = {(m, v): make_drafter(m, target, draft=draft, draft_vocab=v)
+                for m, v in dict.fromkeys((m, v) for m, _, _, v in runs)}
+    for m, _, tree, v in runs:
         if tree is not None:
-            drafters[m].check_tree(tree)
+            drafters[m, v].check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
     records = []
-    for method, k, tree in runs:
+    for method, k, tree, vocab in runs:
         bar.set_postfix_str(f"{method} k={k}" if tree is None else f"{method} tree={tree}")
-        if drafters[method] is not None:  # every run starts clean: no run may learn from another's outputs
-            drafters[method].forget()
-        records.append(run_method(target, method, drafters[method], k, prompts, max_new_tokens, sampling, seed, bar,
-                                  tree))
+        drafter = drafters[method, vocab]
+        if drafter is not None:  # every run starts clean: no run may learn from another's outputs
+            drafter.forget()
+        records.append(run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree))
+        records[-1].draft_vocab = vocab
     bar.close()
     return compare_to_ar(records)
 
@@ -187,14 +200,15 @@ def format_table(records: list[Record]) -> str:
     """A plain-text table, one line per (method, k)."""
     trees = any(r.tree is not None for r in records)
     width = 8 if trees else 2  # a tree shows as nodes/depth/branch in the k column
-    head = (f"{'method':<12} {'k':>{width}} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  "
+    names = max([12] + [len(r.name) for r in records])
+    head = (f"{'method':<{names}} {'k':>{width}} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  "
             "per-position acceptance")
     lines = [head, "-" * len(head)]
     for r in records:
         s = r.stats
         pos = " ".join(f"{a:.2f}" for a in s.per_position_acceptance)
         lines.append(
-            f"{r.method:<12} {r.label:>{width}} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
+            f"{r.name:<{names}} {r.label:>{width}} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
             f"{s.mean_acceptance_length:>7.2f} {r.greedy_match:>5.2f}  {pos}"
         )
     if trees:
@@ -225,11 +239,12 @@ class Results:
     config: dict
     rows: list[dict]
 
-    def get(self, method: str, k: int | None = None, tree: TreeSpec | None = None) -> dict:
-        """The chain row of (method, k), or its row with `tree`; k=None: the method's only row, or its fastest."""
+    def get(self, method: str, k: int | None = None, tree: TreeSpec | None = None,
+            draft_vocab: int | None = None) -> dict:
+        """The chain row of (method, k), or its row with `tree` or `draft_vocab`; k=None: its only row, or its fastest."""
         want = None if tree is None else asdict(tree)
         rows = [r for r in self.rows if r["method"] == method and (k is None or r["k"] == k)
-                and r.get("tree") == want]
+                and r.get("tree") == want and r.get("draft_vocab") == draft_vocab]
         if not rows:
             have = ", ".join(f"{r['method']} k={r['k']}" for r in self.rows)
             raise KeyError(f"{self.path.name} has no {method}" + (f" at k={k}" if k is not None else "") + f": {have}.")

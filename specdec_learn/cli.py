@@ -16,7 +16,8 @@ from .sampling import Sampling
 from .target import load
 from .tree import TreeSpec
 from .workloads import load_workload
-from .zoo import METHODS, make_drafter
+from .drafters.base import BRANCHING
+from .zoo import METHODS, REDUCIBLE, make_drafter
 
 
 def _int_list(text: str) -> list[int]:
@@ -56,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, edits, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
     b.add_argument("--tree", type=TreeSpec.parse, action="append", default=[], metavar="NODES,DEPTH[,BRANCH]",
-                   help="also run each method with a token tree of this size (repeatable; ngram, suffix, eagle3, dflash, dspark)")
+                   help=f"also run each method with a token tree of this size (repeatable; {', '.join(BRANCHING)})")
+    b.add_argument("--draft-vocab", type=int, action="append", default=[], metavar="N",
+                   help=f"also run each of {', '.join(REDUCIBLE)} scoring only its N most frequent tokens "
+                        "(repeatable; counted in the committed corpus)")
     b.add_argument("--json", default=None, help="write the results here")
     b.add_argument("--batch-size", type=int, default=1, help="prompts per vLLM call (--backend vllm only)")
     b.add_argument("--plot", default=None, help="save the figures here (e.g. bench.png)")
@@ -69,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--k", type=int, default=3)
     g.add_argument("--tree", type=TreeSpec.parse, default=None, metavar="NODES,DEPTH[,BRANCH]",
                    help="draft a token tree of this size instead of a chain of k")
+    g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help=f"the drafter scores only its N most frequent tokens ({', '.join(REDUCIBLE)})")
     _add_train_parser(sub)
 
     parser.add_argument("--debug", action="store_true", help="on an error, show the whole traceback")
@@ -117,6 +123,8 @@ def _bench(args, sampling) -> int:
 
         if args.tree:
             raise ValueError(NO_VLLM_TREES)
+        if args.draft_vocab:
+            raise ValueError(NO_VLLM_DRAFT_VOCAB)
         target = None
         records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
                                      args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
@@ -126,7 +134,7 @@ def _bench(args, sampling) -> int:
         target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
         records = bench_mod.bench(
             target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress,
-            args.tree,
+            args.tree, args.draft_vocab,
         )
     info = bench_mod.machine_info(target)
     info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
@@ -137,6 +145,7 @@ def _bench(args, sampling) -> int:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "no_progress", "command")}
         config["methods"], config["num_prompts"] = methods, len(prompts)
         config["tree"] = [vars(t) for t in args.tree]
+        config["draft_vocab"] = args.draft_vocab
         config["prompt_ids"] = [p.id for p in prompts]
         bench_mod.write_json(args.json, records, target, config)
         print(f"results written to {args.json}")
@@ -170,13 +179,19 @@ NO_VLLM_TREES = ("--tree runs in the readable loop only: this vLLM verifies chai
                  "speculative_token_tree). Drop --tree, or use --backend native.")
 
 
+NO_VLLM_DRAFT_VOCAB = ("--draft-vocab runs in the readable loop only: vLLM reads a reduced vocabulary from the "
+                       "checkpoint itself (draft_vocab_size with d2t/t2d). Drop --draft-vocab, or use --backend native.")
+
+
 def _generate(args, sampling) -> int:
     if args.backend == "vllm":
         if args.tree:
             raise ValueError(NO_VLLM_TREES)
+        if args.draft_vocab:
+            raise ValueError(NO_VLLM_DRAFT_VOCAB)
         return _generate_vllm(args, sampling)
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
-    drafter = make_drafter(args.method, target, draft=args.draft)
+    drafter = make_drafter(args.method, target, draft=args.draft, draft_vocab=args.draft_vocab)
     out = generate(target, args.prompt, drafter, k=0 if args.tree else args.k, max_new_tokens=args.max_new_tokens,
                    sampling=sampling, seed=args.seed, tree=args.tree)
     print(out.text)

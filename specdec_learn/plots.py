@@ -31,10 +31,11 @@ def save_figure(fig, path, dpi: int = 120) -> None:
 
 
 def _by_method(records):
+    """Chains only (trees have chain_vs_tree), one group per method and draft vocabulary."""
     groups: dict[str, list] = {}
     for r in records:
-        if r.method != "ar":
-            groups.setdefault(r.method, []).append(r)
+        if r.method != "ar" and r.tree is None:
+            groups.setdefault(r.name, []).append(r)
     return groups
 
 
@@ -56,7 +57,7 @@ def per_position_acceptance(records, ax=None):
     for r in records:
         rates = r.stats.per_position_acceptance
         if rates:
-            ax.plot(range(1, len(rates) + 1), rates, marker=".", label=f"{r.method} k={r.k}")
+            ax.plot(range(1, len(rates) + 1), rates, marker=".", label=f"{r.name} k={r.label}")
     ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.02), title="Per-position acceptance")
     ax.legend(fontsize="small")
     return fig

@@ -81,7 +81,8 @@ METHODS = tuple(BUILDERS)
 
 
 def make_drafter(
-    method: str, target: Target, draft: str | None = None, ngram=(1, 4), markov: bool = True, gate: float | None = None
+    method: str, target: Target, draft: str | None = None, ngram=(1, 4), markov: bool = True, gate: float | None = None,
+    draft_vocab: int | None = None,
 ) -> Drafter | None:
     """The drafter for `method` (None for "ar", plain decoding).
 
@@ -91,8 +92,26 @@ def make_drafter(
     costs a full extra model).
     markov, gate: for "dspark", the Markov head on/off and the confidence
     gate's survival threshold (None = submit every draft).
+    draft_vocab: score only this many tokens, the most frequent answer tokens
+    of the committed corpus (vocab.py), for the drafters that borrow a full
+    head: draft_model, mtp, dflash, dspark. (EAGLE-3's checkpoint carries its
+    own reduced vocabulary, d2t.)
     """
     if method not in BUILDERS:
         raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")
     builder = BUILDERS[method]
-    return None if builder is None else builder(target, draft, Options(tuple(ngram), markov, gate))
+    drafter = None if builder is None else builder(target, draft, Options(tuple(ngram), markov, gate))
+    if draft_vocab is not None and drafter is not None:
+        if not hasattr(drafter, "reduce_vocabulary"):
+            raise ValueError(f"{method} has no draft vocabulary to reduce (only {', '.join(REDUCIBLE)} do; "
+                             "EAGLE-3's checkpoint carries its own): drop --draft-vocab for it.")
+        if not 1 <= draft_vocab <= target.vocab_size:
+            raise ValueError(f"--draft-vocab must lie in 1..{target.vocab_size} (the target's vocabulary); "
+                             f"got {draft_vocab}.")
+        from .vocab import corpus_vocabulary
+
+        drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, tuple(sorted(target.eos_ids))))
+    return drafter
+
+
+REDUCIBLE = ("draft_model", "mtp", "dflash", "dspark")  # drafters with reduce_vocabulary

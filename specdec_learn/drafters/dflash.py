@@ -68,6 +68,7 @@ from ..formats.io import full_attention_rope, load_strict
 from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from ..tree import best_first, top_candidates
+from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
 SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
@@ -236,6 +237,8 @@ class DFlashDrafter(Drafter):
         self.mask_token_id = int(model.config.mask_token_id)
         self.taps = tuple(i + 1 for i in model.config.target_layer_ids)  # output of layer i = tap i + 1
         self.target = None
+        self.draft_ids: list[int] | None = None  # a draft vocabulary (vocab.py); None = all V tokens
+        self.head = None  # the head `logits` uses, built on first use
 
     def check_k(self, k: int) -> None:
         if k > self.max_k:
@@ -251,8 +254,19 @@ class DFlashDrafter(Drafter):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.target.embed_tokens(ids)
 
+    def full_head(self) -> torch.nn.Module:
+        """The head over all V tokens: the target's own."""
+        return self.target.lm_head
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.target.lm_head(hidden)
+        if self.head is None:  # first use with this target or vocabulary
+            full = self.full_head()
+            self.head = full if self.draft_ids is None else ReducedHead(full, self.draft_ids)
+        return self.head(hidden)  # [.., V]
+
+    def reduce_vocabulary(self, ids) -> None:
+        """Score only the tokens `ids` (vocab.py): the same drafts whenever the argmax is among them."""
+        self.draft_ids, self.head = sorted(ids), None
 
     # -- the three verbs ------------------------------------------------------
     def start(self, target, state, hidden) -> None:
@@ -263,8 +277,9 @@ class DFlashDrafter(Drafter):
                 f"{target.hidden_size}: it was trained for a different target."
             )
         self._check_taps(target)
-        self.target = target
         self.model.to(device=target.device, dtype=target.dtype)
+        if target is not self.target:
+            self.target, self.head = target, None  # `logits` builds the head anew
         empty = torch.empty(self.model.config.num_key_value_heads, 0, self.model.config.head_dim,
                             device=target.device, dtype=target.dtype)
         self.ctx_kv = [(empty, empty) for _ in self.model.layers]  # per layer: K, V [kv_heads, T, d]

@@ -37,6 +37,7 @@ from transformers import DynamicCache
 from ..sampling import draft_token
 from ..target import LinearState, crop_cache, is_linear, record_past
 from ..tree import ancestor_mask, dynamic_tree
+from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
 
@@ -50,8 +51,15 @@ class DraftModelDrafter(Drafter):
         self.committed: LinearState | None = None  # linear-attention draft models: the state after the catch-up
         self.committed_len = 0  # positions in the cache when that snapshot was taken
         self.tree_base: int | None = None  # after a tree: the committed positions, where the cache is cropped
+        self.full_head = None  # the model's own head, once reduce_vocabulary has swapped it
         if target is not None:
             check_same_vocabulary(model, target)
+
+    def reduce_vocabulary(self, ids) -> None:
+        """Score only the tokens `ids` (vocab.py): the model's own head is swapped for its cut rows."""
+        head = self.model.get_output_embeddings()
+        self.full_head = self.full_head or head  # the uncut head, should this be called again
+        self.model.set_output_embeddings(ReducedHead(self.full_head, sorted(ids)))
 
     def start(self, target, state, hidden) -> None:
         check_same_vocabulary(self.model, target)
@@ -149,7 +157,8 @@ class DraftModelDrafter(Drafter):
 
 def check_same_vocabulary(draft_model, target) -> None:
     """A draft model must score the same token ids as the target."""
-    v_draft = draft_model.get_output_embeddings().weight.shape[0]
+    head = draft_model.get_output_embeddings()
+    v_draft = head.vocab_size if isinstance(head, ReducedHead) else head.weight.shape[0]
     if v_draft != target.vocab_size:
         raise ValueError(
             f"The draft model's vocabulary has {v_draft} tokens but the target's has "

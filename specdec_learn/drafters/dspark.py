@@ -197,9 +197,9 @@ class DSparkDrafter(DFlashDrafter):
         own = self.model.embed_tokens
         return own(ids) if own is not None else self.target.embed_tokens(ids)
 
-    def logits(self, hidden):
-        own = self.model.lm_head
-        return own(hidden) if own is not None else self.target.lm_head(hidden)
+    def full_head(self):
+        own = self.model.lm_head  # DeepSpec's checkpoints carry a copy of the target's
+        return own if own is not None else self.target.lm_head
 
     @torch.inference_mode()
     def propose(self, state, k, sampling, generator) -> Proposal:

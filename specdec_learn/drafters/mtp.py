@@ -58,6 +58,7 @@ from ..formats.io import read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
 from ..target import crop_cache
+from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
 
@@ -218,6 +219,11 @@ class MTPDrafter(Drafter):
             raise ValueError(f"depth={self.depth} is below the head's {head.num_layers} MTP layers.")
         self.taps = (target.num_layers,)  # tap L: the last layer's output (we apply the final norm)
         self.target = target
+        self.reduced = None  # a draft vocabulary's head (vocab.py), used instead of each step's own
+
+    def reduce_vocabulary(self, ids) -> None:
+        """Score only the tokens `ids` (vocab.py): every step's head is the target's, so one cut head serves all."""
+        self.reduced = ReducedHead(self.target.lm_head, sorted(ids))
 
     def start(self, target, state, hidden) -> None:
         self.target = target
@@ -308,7 +314,7 @@ class MTPDrafter(Drafter):
         mask = causal_mask(past, n, e.dtype, device)
         step = self.head.step(j % self.head.num_layers)
         out, h_next = step.hidden(e, h_in, pe, mask, cache)
-        return step.head(out[:, -1:]), h_next
+        return (self.reduced or step.head)(out[:, -1:]), h_next
 
 
 def rotary(target, x: torch.Tensor, positions: torch.Tensor):

@@ -1,0 +1,107 @@
+"""A draft vocabulary: let the drafter score only the tokens it will ever propose.
+
+A drafter that borrows the target's LM head scores all V tokens at every
+drafted slot: for SmolLM2 that is a [576 x 49,152] matrix, 57 MB in bf16,
+read once per head call. On a CPU a matmul with a few rows is bound by
+reading its weights, so each call costs about a fifth of a whole target step
+(whose 135M parameters include this same head) — for a drafter that is most
+of its own cost (chapter 11 measures it as c, the draft cost per token).
+
+Most of those 49,152 tokens never appear in an answer. EAGLE-3 keeps only
+the V_d most frequent ones (``d2t``/``t2d`` in the speculators format; its
+``draft_vocab_size`` is 32,000 for Llama's 128k), and speculators gives its
+DFlash and DSpark the same option. The rule (speculators'
+``train/vocab_mapping.py``, EAGLE's ``cnets.py``): count the target's own
+answer tokens in the training data, keep the V_d most frequent, sorted by id.
+
+`ReducedHead` is the head over that subset: it multiplies by V_d rows of the
+target's head only, and puts -inf everywhere else, so every later step
+(argmax, sampling, a tree's top candidates) runs unchanged. Still lossless:
+the drafter can no longer *propose* a token outside the subset, which only
+costs acceptance when the target wanted one; the verifier decides as before
+(under sampling, q is zero outside the subset and rejection sampling stays
+exact, verify.py).
+
+Glossary: *V_d* = draft vocabulary size; *coverage* = the share of answer
+tokens that fall inside the subset.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+
+def frequent_tokens(examples, size: int, always=()) -> list[int]:
+    """The `size` most frequent answer tokens of `examples` (loss-masked positions), plus `always`, sorted by id.
+
+    examples: objects with ``input_ids`` and ``loss_mask`` (train.data.Example).
+    always: ids kept whatever their count (the end-of-sequence tokens: a
+    drafter that cannot propose EOS never lets a round end early).
+    """
+    if size < 1:
+        raise ValueError(f"A draft vocabulary needs at least one token; got size={size}.")
+    counts = Counter(t for ex in examples for t, m in zip(ex.input_ids, ex.loss_mask) if m)
+    if not counts:
+        raise ValueError("The examples hold no answer tokens to count: build the corpus first "
+                         "(python -m specdec_learn.train.corpus build).")
+    keep = set(always)
+    for token, _ in counts.most_common():
+        if len(keep) >= size:
+            break
+        keep.add(token)
+    return sorted(keep)
+
+
+def coverage(examples, ids) -> float:
+    """The share of the examples' answer tokens that are in `ids`."""
+    inside, total = 0, 0
+    ids = set(ids)
+    for ex in examples:
+        for t, m in zip(ex.input_ids, ex.loss_mask):
+            if m:
+                total += 1
+                inside += t in ids
+    return inside / max(total, 1)
+
+
+@lru_cache(maxsize=8)
+def corpus_vocabulary(target_name: str, size: int, always: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The draft vocabulary of `size` tokens counted in the committed corpus's training split (datasets/)."""
+    from .train.corpus import Settings, load_split, store_dir
+
+    folder = store_dir(Settings(target=target_name))
+    train, _ = load_split(folder)
+    if not train:
+        raise ValueError(f"No corpus for {target_name} in {folder}: a draft vocabulary is counted there. "
+                         "Build it (python -m specdec_learn.train.corpus build) or drop --draft-vocab.")
+    return tuple(frequent_tokens(train, size, always))
+
+
+class ReducedHead(nn.Module):
+    """A linear head [V, H] cut to the rows `ids` [V_d]: logits [.., V] with -inf outside them.
+
+    A drop-in for the target's ``lm_head`` (or a DSpark Markov head's W2):
+    same input, same output shape, a sixth of the work at V_d = 8,192.
+    """
+
+    def __init__(self, head: nn.Linear, ids):
+        super().__init__()
+        ids = torch.as_tensor(list(ids), dtype=torch.long, device=head.weight.device)
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= head.weight.shape[0]:
+            raise ValueError(f"Draft vocabulary ids must lie in 0..{head.weight.shape[0] - 1}.")
+        self.vocab_size = head.weight.shape[0]
+        self.register_buffer("ids", ids, persistent=False)  # [V_d] target ids, sorted
+        self.register_buffer("weight", head.weight.detach()[ids].clone(), persistent=False)  # [V_d, H]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.ids.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = x @ self.weight.to(x.dtype).T  # [.., V_d]
+        full = scores.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))  # [.., V]
+        return full.index_copy_(-1, self.ids, scores)
