@@ -20,7 +20,8 @@ round: a one-row forward plus acceptance), say where a method's time goes:
 
 With mean acceptance length tau, a round of k drafts costs about
 k*c + verify_cost AR steps and yields tau tokens, so the speedup is about
-tau / (k*c + verify_cost): the record shows which of the three limits it.
+tau / (k*c + verify_cost) (limits.round_speedup): the record shows which of
+the three limits it.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def write_json(path: str, records: list[Record], target: Target, config: dict) -
 # --- reading results back -------------------------------------------------------------
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # in a clone of the repository
+NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}  # prose spells these
 
 
 @dataclass
@@ -256,6 +258,15 @@ class Results:
         m, c = self.machine, self.config
         return (f"{c.get('num_prompts', c.get('prompts'))} prompts x {c['max_new_tokens']} new tokens, "
                 f"{m['dtype']}, {m['cpu']}, {m['cores']} cores")
+
+    def cost_sentence(self, method: str, k: int, who: str) -> str:
+        """The sentence a chapter states its drafter's measured acceptance, speed and costs in (chapters 4, 5, 7)."""
+        m = self.get(method, k)
+        return (f"Measured side by side with plain decoding ({self.label}; `benchmarks/results/{self.path.name}`), "
+                f"{who}'s mean acceptance length at $k = {k}$ is {m['mean_acceptance_length']:.2f} and it runs "
+                f"at {m['speedup']:.2f}x plain decoding: each drafted token costs $c = {m['draft_cost']:.2f}$ of "
+                f"a plain step and the verify pass over {NUMBERS.get(k + 1, k + 1)} rows "
+                f"{m['verify_cost']:.2f} plain steps.")
 
 
 def read_results(name: str | os.PathLike) -> Results:

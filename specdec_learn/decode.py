@@ -98,17 +98,17 @@ def generate(
         path, nxt = accept(proposal.tokens, proposal.q, out.logits, sampling, generator, proposal.parents)
         t2 = now(target)
         block = [proposal.tokens[i] for i in path] + [nxt]
-        target.commit(state, block, path if proposal.parents is not None else None)
+        tree_path = path if proposal.parents is not None else None  # a tree round's accepted nodes
+        target.commit(state, block, tree_path)
         if drafter is not None:  # the rows of [last, d1..dn]: on a tree, of `last` and the accepted path
-            kept = slice(0, len(path) + 1) if proposal.parents is None else [0] + [i + 1 for i in path]
+            kept = slice(0, len(path) + 1) if tree_path is None else [0] + [i + 1 for i in path]
             drafter.observe(state, len(path), {tap: h[kept] for tap, h in out.hidden.items()})
         t3 = now(target)
 
-        depth = proposal.depth if proposal.parents is not None else None
+        depth = proposal.depth if tree_path is not None else None
         stats.record(Round(len(proposal.tokens), len(path), (t1 - t0) + (t3 - t2), t2 - t1, depth))
         if keep_trace:
-            trace.append(RoundTrace(proposal.tokens, len(path), nxt, proposal.parents,
-                                    path if proposal.parents is not None else None))
+            trace.append(RoundTrace(proposal.tokens, len(path), nxt, proposal.parents, tree_path))
         eos_at = next((i for i, t in enumerate(block) if t in target.eos_ids), None)
         new.extend(block if eos_at is None else block[: eos_at + 1])
         if eos_at is not None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from .limits import round_speedup  # chapter 3's cost model, everything in plain decoding passes
+
 CHECKS: dict[str, Callable] = {}
 
 
@@ -83,11 +85,6 @@ def expect(answer, expected, hint: str, tol: float = 0.0, mistakes=()) -> None:
     raise Wrong(hint)
 
 
-def speedup(tokens_per_round: float, k: int, c: float, verify: float) -> float:
-    """Chapter 3's cost model: L / (k c + T(k+1)/T(1)), everything in plain decoding passes."""
-    return tokens_per_round / (k * c + verify)
-
-
 # --- chapter 0: setup ------------------------------------------------------------------
 
 
@@ -124,7 +121,7 @@ def _bf16_bytes(answer, model):
 
 @exercise("1.2")
 def _free_drafting(answer):
-    expected = speedup(2.5, k=3, c=0.0, verify=1.25)
+    expected = round_speedup(2.5, k=3, c=0.0, verify=1.25)
     expect(answer, expected, tol=0.01, hint="speedup = tokens per round / cost of a round in plain passes.",
            mistakes=[(2.5 * 1.25, "more cost per round means less speedup: divide, do not multiply.")])
     return f"Correct: 2.5 tokens for the price of 1.25 passes, {expected:.1f}x."
@@ -177,7 +174,7 @@ def _ngram(answer):
 
 @exercise("3.2")
 def _draft_model_speedup(answer):
-    expected = speedup(3.2, k=4, c=0.1, verify=1.1)
+    expected = round_speedup(3.2, k=4, c=0.1, verify=1.1)
     expect(answer, expected, tol=0.01, hint="speedup = tokens per round / (drafting cost + verify cost), in "
                                             "target passes.",
            mistakes=[(3.2 / 1.1, "do not forget the drafting: 4 drafts at 0.1 passes each.")])
@@ -199,9 +196,9 @@ def _mtp_positions(answer):
 
 @exercise("4.2")
 def _deepseek(answer):
-    expected = speedup(1 + 0.85, k=1, c=1 / 61, verify=1.0)
+    expected = round_speedup(1 + 0.85, k=1, c=1 / 61, verify=1.0)
     expect(answer, expected, tol=0.01, hint="speedup = tokens per round / (drafting + verifying), in target passes.",
-           mistakes=[(speedup(0.85, k=1, c=1 / 61, verify=1.0), "a round yields the accepted draft AND the "
+           mistakes=[(round_speedup(0.85, k=1, c=1 / 61, verify=1.0), "a round yields the accepted draft AND the "
                                                                 "target's own token: L = 1 + 0.85.")])
     return f"Correct: {expected:.2f}x, close to the 1.8x measured: a cheap, accurate drafter is nearly free speed."
 
@@ -272,7 +269,7 @@ def _d2t(answer):
 
 @exercise("6.3")
 def _eagle3_vs_draft_model(answer):
-    s = speedup(3.2, k=4, c=0.05, verify=1.05)
+    s = round_speedup(3.2, k=4, c=0.05, verify=1.05)
     need = s * (4 * 0.3 + 1.05)
     pair = list(answer) if isinstance(answer, (tuple, list)) else []
     if len(pair) != 2:

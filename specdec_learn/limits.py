@@ -64,6 +64,15 @@ def ar_ceiling(target, bandwidth: float) -> float:
     return bandwidth / weight_bytes(target.model)
 
 
+def round_speedup(tokens_per_round: float, k: int, c: float, verify: float) -> float:
+    """The cost model of chapter 3 (and bench.py's two costs): L / (k c + T(k+1)/T(1)).
+
+    A round drafts k tokens at c plain decoding steps each, verifies them in
+    one pass worth `verify` steps, and yields `tokens_per_round` tokens.
+    """
+    return tokens_per_round / (k * c + verify)
+
+
 def predicted_speedup(stats, ar_stats) -> tuple[float, float]:
     """(L, L / c): tokens per round, and the speedup the measured round cost allows.
 

@@ -87,6 +87,7 @@ class Target:
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         # Linear-attention layers' token mixers, by layer index: commit replays them (see `commit`).
         self.mixers: dict[int, torch.nn.Module] = linear_mixers(self.decoder, cfg)
+        pack_single_rows(self.lm_head)
 
     @property
     def max_context(self) -> int | None:
@@ -373,6 +374,32 @@ def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 # The attention kinds Target rolls back. Llama 4's "chunked_attention" uses the sliding
 # cache class too but is not tested here, so it is refused rather than trusted.
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def pack_single_rows(head: torch.nn.Module) -> None:
+    """Hand `head` (an LM head) a one-row input in the packed layout: a CPU bf16 pitfall.
+
+    HF computes the last position's logits from ``hidden[:, -1:]``, a view of
+    [1, n, H] whose strides stay (n*H, H, 1). torch counts it contiguous (its
+    size-1 dims do not matter), but its bf16 matmul on a CPU does not: measured
+    here (Intel Xeon, 2 cores, torch 2.13), SmolLM2's head takes 86 ms on such a
+    row instead of 2 ms, 40 times longer (fp32 is unaffected). The prefill pays
+    it once per prompt, and a drafter that reads the last row of a longer run
+    (the MTP head after its catch-up, a draft model after a tree) every round.
+    Re-viewing the row with packed strides costs nothing; a pre-forward hook
+    does it wherever the head is called from.
+    """
+    if getattr(head, "_packs_single_rows", False):
+        return
+
+    def pack(_module, args):
+        x = args[0]
+        if x.dim() > 2 and x.numel() == x.shape[-1]:  # one row: [1, ..., 1, H]
+            return (x.reshape(1, -1).view(x.shape), *args[1:])
+        return None
+
+    head.register_forward_pre_hook(pack)
+    head._packs_single_rows = True
 
 
 def is_linear(layer) -> bool:

@@ -102,6 +102,7 @@ class ReducedHead(nn.Module):
         return self.ids.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scores = x @ self.weight.to(x.dtype).T  # [.., V_d]
-        full = scores.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))  # [.., V]
-        return full.index_copy_(-1, self.ids, scores)
+        rows = x.reshape(-1, x.shape[-1])  # [n, H], packed (target.pack_single_rows says why)
+        scores = rows @ self.weight.to(x.dtype).T  # [n, V_d]
+        full = scores.new_full((rows.shape[0], self.vocab_size), float("-inf"))  # [n, V]
+        return full.index_copy_(-1, self.ids, scores).view(*x.shape[:-1], self.vocab_size)

@@ -76,18 +76,13 @@ def output_tokens(trace) -> list[tuple[int, str]]:
     return [(t, kind) for row in round_tokens(trace) for t, kind in row if kind in ("accepted", "replaced", "bonus")]
 
 
-def _piece(target: Target, token: int) -> str:
-    """One token as text, with whitespace made visible."""
-    return target.pieces([token])[0]
-
-
 def _span(target: Target, token: int, kind: str) -> str:
     colour = KINDS[kind][0]
     strike = "text-decoration:line-through;" if kind == "rejected" else ""
     return (
         f'<span class="sd-tok sd-{kind}" title="{kind} (id {token})" style="background:{colour};{strike}'
         f'padding:1px 2px;margin:1px;border-radius:3px;font-family:monospace;white-space:pre">'
-        f"{html.escape(_piece(target, token))}</span>"
+        f"{html.escape(target.pieces([token])[0])}</span>"  # whitespace made visible (Target.pieces)
     )
 
 

@@ -35,7 +35,7 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import LinearState, crop_cache, is_linear, record_past
+from ..target import LinearState, crop_cache, is_linear, pack_single_rows, record_past
 from ..tree import ancestor_mask, dynamic_tree
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
@@ -52,6 +52,7 @@ class DraftModelDrafter(Drafter):
         self.committed_len = 0  # positions in the cache when that snapshot was taken
         self.tree_base: int | None = None  # after a tree: the committed positions, where the cache is cropped
         self.full_head = None  # the model's own head, once reduce_vocabulary has swapped it
+        pack_single_rows(model.get_output_embeddings())  # target.py: bf16 on a CPU, one row at a time
         if target is not None:
             check_same_vocabulary(model, target)
 

@@ -119,36 +119,38 @@ class Speculation:
     match_len: int
 
 
-def speculate(trie: SuffixTrie, ids: list[int], k: int, min_match: int, max_spec_factor: float,
-              min_token_prob: float) -> Speculation:
-    """The most frequent continuation of the longest suffix of `ids` that the trie has seen continued."""
-    # Patterns use at most half the depth, so that as many tokens remain below them to speculate.
-    for n in range(min(trie.max_depth // 2, len(ids)), min_match - 1, -1):
-        node = trie.find(ids[-n:])
-        if node is None or not node.children:
-            continue  # unseen, or seen only at the very end (nothing followed it yet)
-        limit = min(k, int(max_spec_factor * n), trie.max_depth - n)
-        tokens, prob, score = [], 1.0, 0.0
-        while len(tokens) < limit and node.children:
-            total = sum(child.count for child in node.children.values())
-            token, child = max(node.children.items(), key=lambda item: item[1].count)
-            prob *= child.count / total
-            if prob < min_token_prob:
-                break
-            tokens.append(token)
-            score += prob
-            node = child
-        return Speculation(tokens, score, n)
-    return Speculation([], 0.0, 0)
-
-
 def match(trie: SuffixTrie, ids: list[int], min_match: int) -> tuple[Node | None, int]:
-    """The node of the longest suffix of `ids` (at most max_depth / 2 tokens) the trie saw continued, and its length."""
+    """The node of the longest suffix of `ids` the trie saw continued, and its length (None, 0: no such suffix).
+
+    Patterns use at most half the depth, so that as many tokens remain below
+    them to speculate; a suffix seen only at the very end (nothing followed it
+    yet) does not count.
+    """
     for n in range(min(trie.max_depth // 2, len(ids)), min_match - 1, -1):
         node = trie.find(ids[-n:])
         if node is not None and node.children:
             return node, n
     return None, 0
+
+
+def speculate(trie: SuffixTrie, ids: list[int], k: int, min_match: int, max_spec_factor: float,
+              min_token_prob: float) -> Speculation:
+    """The most frequent continuation of the longest suffix of `ids` that the trie has seen continued."""
+    node, n = match(trie, ids, min_match)
+    if node is None:
+        return Speculation([], 0.0, 0)
+    limit = min(k, int(max_spec_factor * n), trie.max_depth - n)
+    tokens, prob, score = [], 1.0, 0.0
+    while len(tokens) < limit and node.children:
+        total = sum(child.count for child in node.children.values())
+        token, child = max(node.children.items(), key=lambda item: item[1].count)
+        prob *= child.count / total
+        if prob < min_token_prob:
+            break
+        tokens.append(token)
+        score += prob
+        node = child
+    return Speculation(tokens, score, n)
 
 
 def grow_tree(trie: SuffixTrie, ids: list[int], spec, min_match: int, max_spec_factor: float,
