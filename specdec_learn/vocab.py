@@ -14,6 +14,8 @@ DFlash and DSpark the same option. The rule (speculators'
 ``train/vocab_mapping.py``, EAGLE's ``cnets.py``): count the target's own
 answer tokens in the training data, keep the V_d most frequent, sorted by id.
 
+`choose_draft_vocab` applies that rule (EAGLE-3's training here uses it too),
+`corpus_vocabulary` applies it to the committed corpus (datasets/).
 `ReducedHead` is the head over that subset: it multiplies by V_d rows of the
 target's head only, and puts -inf everywhere else, so every later step
 (argmax, sampling, a tree's top candidates) runs unchanged. Still lossless:
@@ -35,25 +37,24 @@ import torch
 from torch import nn
 
 
-def frequent_tokens(examples, size: int, always=()) -> list[int]:
-    """The `size` most frequent answer tokens of `examples` (loss-masked positions), plus `always`, sorted by id.
+def choose_draft_vocab(examples, size: int, vocab_size: int, always=()) -> torch.Tensor:
+    """The `size` most frequent answer tokens of `examples` (plus `always`), sorted by id: [size] ids.
 
-    examples: objects with ``input_ids`` and ``loss_mask`` (train.data.Example).
-    always: ids kept whatever their count (the end-of-sequence tokens: a
-    drafter that cannot propose EOS never lets a round end early).
+    examples: objects with ``input_ids`` and ``loss_mask`` (train.data.Example);
+    only answer (loss-masked) positions count. always: ids kept whatever their
+    count (the end-of-sequence tokens: a drafter that cannot propose EOS never
+    lets a round end early). When the answers use fewer distinct tokens, the
+    lowest unused ids fill the rest, so there are always exactly `size`
+    (EAGLE-3's d2t has that many rows).
     """
-    if size < 1:
-        raise ValueError(f"A draft vocabulary needs at least one token; got size={size}.")
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"A draft vocabulary needs 1..{vocab_size} tokens (the target's); got {size}.")
     counts = Counter(t for ex in examples for t, m in zip(ex.input_ids, ex.loss_mask) if m)
-    if not counts:
-        raise ValueError("The examples hold no answer tokens to count: build the corpus first "
-                         "(python -m specdec_learn.train.corpus build).")
-    keep = set(always)
-    for token, _ in counts.most_common():
-        if len(keep) >= size:
-            break
-        keep.add(token)
-    return sorted(keep)
+    chosen = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common())]))[:size]
+    taken = set(chosen)
+    fill = (t for t in range(vocab_size) if t not in taken)
+    chosen += [next(fill) for _ in range(size - len(chosen))]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
 def coverage(examples, ids) -> float:
@@ -69,7 +70,7 @@ def coverage(examples, ids) -> float:
 
 
 @lru_cache(maxsize=8)
-def corpus_vocabulary(target_name: str, size: int, always: tuple[int, ...] = ()) -> tuple[int, ...]:
+def corpus_vocabulary(target_name: str, size: int, vocab_size: int, always: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The draft vocabulary of `size` tokens counted in the committed corpus's training split (datasets/)."""
     from .train.corpus import Settings, load_split, store_dir
 
@@ -78,7 +79,7 @@ def corpus_vocabulary(target_name: str, size: int, always: tuple[int, ...] = ())
     if not train:
         raise ValueError(f"No corpus for {target_name} in {folder}: a draft vocabulary is counted there. "
                          "Build it (python -m specdec_learn.train.corpus build) or drop --draft-vocab.")
-    return tuple(frequent_tokens(train, size, always))
+    return tuple(choose_draft_vocab(train, size, vocab_size, always).tolist())
 
 
 class ReducedHead(nn.Module):

@@ -110,7 +110,7 @@ def make_drafter(
                              f"got {draft_vocab}.")
         from .vocab import corpus_vocabulary
 
-        drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, tuple(sorted(target.eos_ids))))
+        drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, target.vocab_size, tuple(sorted(target.eos_ids))))
     return drafter
 
 

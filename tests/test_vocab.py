@@ -11,7 +11,7 @@ from test_verify import _first_token_histogram
 import specdec_learn as sd
 from specdec_learn.bench import bench
 from specdec_learn.sampling import Sampling, probabilities
-from specdec_learn.vocab import ReducedHead, corpus_vocabulary, coverage, frequent_tokens
+from specdec_learn.vocab import ReducedHead, choose_draft_vocab, corpus_vocabulary, coverage
 from specdec_learn.workloads import load_workload
 from specdec_learn.zoo import REDUCIBLE, make_drafter
 
@@ -20,16 +20,15 @@ def example(ids, mask):
     return SimpleNamespace(input_ids=ids, loss_mask=mask)
 
 
-def test_frequent_tokens_counts_answer_tokens_only_and_keeps_eos():
+def test_the_draft_vocabulary_counts_answer_tokens_only_and_keeps_eos():
     data = [example([9, 9, 9, 1, 1, 2, 3], [False, False, False, True, True, True, True]),
             example([9, 1, 3, 3], [False, True, True, True])]  # answers: 1 x3, 3 x3, 2 x1; 9 is prompt only
-    assert frequent_tokens(data, 2) == [1, 3]
-    assert frequent_tokens(data, 2, always=(7,)) == [1, 7]  # EOS first, then the most frequent
+    assert choose_draft_vocab(data, 2, 10).tolist() == [1, 3]
+    assert choose_draft_vocab(data, 2, 10, always=(7,)).tolist() == [1, 7]  # EOS first, then the most frequent
+    assert choose_draft_vocab(data, 5, 10).tolist() == [0, 1, 2, 3, 4]  # 3 seen, then the lowest unused ids
     assert coverage(data, [1, 3]) == pytest.approx(6 / 7)
-    with pytest.raises(ValueError, match="at least one"):
-        frequent_tokens(data, 0)
-    with pytest.raises(ValueError, match="no answer tokens"):
-        frequent_tokens([example([1], [False])], 4)
+    with pytest.raises(ValueError, match="1..10"):
+        choose_draft_vocab(data, 0, 10)
 
 
 def test_reduced_head_scores_its_rows_and_nothing_else():
@@ -64,7 +63,7 @@ def test_rejection_sampling_with_a_cut_draft_distribution_is_still_exact():
 
 
 def test_the_corpus_vocabulary_is_sorted_unique_and_holds_eos(target):
-    ids = corpus_vocabulary(target.name, 4096, tuple(sorted(target.eos_ids)))
+    ids = corpus_vocabulary(target.name, 4096, target.vocab_size, tuple(sorted(target.eos_ids)))
     assert len(ids) == 4096 and list(ids) == sorted(set(ids)) and target.eos_ids <= set(ids)
 
 

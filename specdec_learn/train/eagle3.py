@@ -24,7 +24,6 @@ Resumable (train/loop.py: the state and the draft vocabulary live under
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
+from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
 from .data import Example, Features, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
 
@@ -53,21 +53,6 @@ class TrainConfig:
 
 
 # --- draft vocabulary ---------------------------------------------------------------
-
-
-def choose_draft_vocab(examples: list[Example], size: int, vocab_size: int, always=()) -> torch.Tensor:
-    """The `size` most frequent response tokens (plus `always`, e.g. EOS), sorted by id.
-
-    When the responses use fewer distinct tokens, the rest is filled with the
-    lowest unused ids, so the draft vocabulary always has exactly `size` ids.
-    """
-    if size > vocab_size:
-        raise ValueError(f"A draft vocabulary of {size} is larger than the target's {vocab_size} tokens.")
-    counts = Counter(t for ex in examples for t, m in zip(ex.input_ids, ex.loss_mask) if m)
-    chosen = list(dict.fromkeys([*always, *(t for t, _ in counts.most_common())]))[:size]
-    fill = (t for t in range(vocab_size) if t not in set(chosen))
-    chosen += [next(fill) for _ in range(size - len(chosen))]
-    return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
 def draft_vocabulary(examples: list[Example], size: int, target, work_dir) -> torch.Tensor:
