@@ -85,6 +85,9 @@ def test_draft_vocab_is_refused_where_it_means_nothing(target):
         make_drafter("eagle3", target, draft_vocab=4096)
     with pytest.raises(ValueError, match=r"--draft-vocab must lie in 1\.\.49152"):
         make_drafter("dflash", target, draft_vocab=0)
+    with pytest.raises(ValueError, match="shares its head with the verifier"):
+        make_drafter("draft_model", target, draft="target", draft_vocab=4096)
+    assert not isinstance(target.lm_head, ReducedHead)  # and the target's head is untouched
 
 
 @pytest.mark.slow

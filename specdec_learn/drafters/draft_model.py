@@ -52,12 +52,16 @@ class DraftModelDrafter(Drafter):
         self.committed_len = 0  # positions in the cache when that snapshot was taken
         self.tree_base: int | None = None  # after a tree: the committed positions, where the cache is cropped
         self.full_head = None  # the model's own head, once reduce_vocabulary has swapped it
+        self.is_target = target is not None and model is target.model  # the target drafting for itself
         pack_single_rows(model.get_output_embeddings())  # target.py: bf16 on a CPU, one row at a time
         if target is not None:
             check_same_vocabulary(model, target)
 
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the model's own head is swapped for its cut rows."""
+        if self.is_target:
+            raise ValueError("The target drafting for itself shares its head with the verifier: cutting it would "
+                             "change the target's own output. Drop the draft vocabulary for --draft target.")
         head = self.model.get_output_embeddings()
         self.full_head = self.full_head or head  # the uncut head, should this be called again
         self.model.set_output_embeddings(ReducedHead(self.full_head, sorted(ids)))
