@@ -2,10 +2,11 @@
 
 A drafter that borrows the target's LM head scores all V tokens at every
 drafted slot: for SmolLM2 that is a [576 x 49,152] matrix, 57 MB in bf16,
-read once per head call. On a CPU a matmul with a few rows is bound by
-reading its weights, so each call costs about a fifth of a whole target step
-(whose 135M parameters include this same head) — for a drafter that is most
-of its own cost (chapter 11 measures it as c, the draft cost per token).
+read at every head call. On a CPU a matmul with a few rows is bound by
+reading its weights: ~2 ms a call here, against 40-50 ms for a whole target
+step. For a small drafter that is most of its own work (chapter 4 counts the
+head as 87 % of an MTP step's weights), so it shows in c, the draft cost per
+token that `specdec bench` reports.
 
 Most of those 49,152 tokens never appear in an answer. EAGLE-3 keeps only
 the V_d most frequent ones (``d2t``/``t2d`` in the speculators format; its
@@ -42,8 +43,8 @@ def choose_draft_vocab(examples, size: int, vocab_size: int, always=()) -> torch
 
     examples: objects with ``input_ids`` and ``loss_mask`` (train.data.Example);
     only answer (loss-masked) positions count. always: ids kept whatever their
-    count (the end-of-sequence tokens: a drafter that cannot propose EOS never
-    lets a round end early). When the answers use fewer distinct tokens, the
+    count (the end-of-sequence tokens, so that the drafter can still propose
+    the end of the answer). When the answers use fewer distinct tokens, the
     lowest unused ids fill the rest, so there are always exactly `size`
     (EAGLE-3's d2t has that many rows).
     """
@@ -85,8 +86,8 @@ def corpus_vocabulary(target_name: str, size: int, vocab_size: int, always: tupl
 class ReducedHead(nn.Module):
     """A linear head [V, H] cut to the rows `ids` [V_d]: logits [.., V] with -inf outside them.
 
-    A drop-in for the target's ``lm_head`` (or a DSpark Markov head's W2):
-    same input, same output shape, a sixth of the work at V_d = 8,192.
+    A drop-in for the target's ``lm_head``: same input, same output shape,
+    a sixth of the weights read at V_d = 8,192.
     """
 
     def __init__(self, head: nn.Linear, ids):

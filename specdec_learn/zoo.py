@@ -110,7 +110,8 @@ def make_drafter(
                              f"got {draft_vocab}.")
         from .vocab import corpus_vocabulary
 
-        drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, target.vocab_size, tuple(sorted(target.eos_ids))))
+        eos = tuple(sorted(target.eos_ids))  # always in: the drafter can still propose the end of the answer
+        drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, target.vocab_size, eos))
     return drafter
 
 
