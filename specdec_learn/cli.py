@@ -307,6 +307,13 @@ def _train_data(args) -> int:
     from .train import data
 
     data_dir = args.data_dir or data.default_dir(args.target)
+    if data.is_corpus(data_dir):
+        examples = data.load_examples(data_dir)
+        print(f"{args.target}'s training data is the committed corpus in {data_dir}: {len(examples)} examples, "
+              f"{sum(sum(ex.loss_mask) for ex in examples)} response tokens. To add to it: "
+              "python -m specdec_learn.train.corpus start (in an environment with vLLM); "
+              "to write a separate JSONL dataset: --data-dir DIR.")
+        return 0
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                   budget_s=args.budget_min * 60 if args.budget_min else None, progress=not args.no_progress)
     if args.backend == "vllm":

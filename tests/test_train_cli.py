@@ -86,3 +86,16 @@ def test_train_mtp_through_the_cli_records_the_command_resumes_and_refuses_a_dam
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and str(work / "state.pt") in errors[0] and "delete it" in errors[0]
     assert errors[0].startswith("specdec: error: ") and "Traceback" not in errors[0]
+
+
+def test_train_data_names_the_committed_corpus_instead_of_writing_into_it(tmp_path, capsys):
+    from specdec_learn.train import corpus, data
+
+    folder = corpus.store_dir(corpus.Settings())
+    before = sorted(p.name for p in folder.iterdir())
+    assert main(["train", "data", "--target", "smollm2-135m"]) == 0
+    out = capsys.readouterr().out
+    assert f"committed corpus in {folder}" in out and "specdec_learn.train.corpus start" in out
+    assert sorted(p.name for p in folder.iterdir()) == before
+    with pytest.raises(ValueError, match="is a corpus store"):
+        data.build_dataset(None, folder, [])

@@ -121,3 +121,62 @@ def test_training_data_splits_records_and_refuses_benchmark_examples(tmp_path):
     (tmp_path / "greedy-000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match="come from benchmark prompts"):
         data.training_data(target, data_dir=tmp_path, progress=False)
+
+
+def corpus_store(root, n: int = 60):
+    """A corpus store (corpus.py's format) of n short examples with train-split ids, for the tiny target."""
+    import random as rand
+
+    from conftest import training_ids
+    from specdec_learn.train import corpus
+
+    rng = rand.Random(0)
+    settings = corpus.Settings(target="tiny-llama", engine="fake")
+    examples = [data.Example(i, [rng.randrange(3, 128) for _ in range(9)], [False] * 3 + [True] * 6, "greedy")
+                for i in training_ids("c", n)]
+    folder = corpus.store_dir(settings, root)
+    corpus.append_shard(folder, settings, examples[: n // 2], 128)
+    corpus.append_shard(folder, settings, examples[n // 2 :], 128)
+    return folder, examples
+
+
+def test_training_reads_the_committed_corpus_and_keeps_features_out_of_the_repository(tmp_path, monkeypatch):
+    from conftest import tiny_target
+    from specdec_learn.train import corpus
+
+    assert data.default_dir("smollm2-135m") == corpus.store_dir(corpus.Settings())  # the committed corpus
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    assert data.default_dir("no-such-target") == tmp_path / "cache" / "data" / "no-such-target"
+
+    folder, examples = corpus_store(tmp_path / "datasets")
+    before = sorted(p.name for p in folder.iterdir())
+    made = data.training_data(tiny_target(), taps=(1,), data_dir=folder, progress=False)
+    assert sorted(made.examples + made.held_out, key=lambda e: e.id) == sorted(examples, key=lambda e: e.id)
+    assert (made.examples, made.held_out) == corpus.load_split(folder) and len(made.train) == len(made.examples)
+    assert sorted(p.name for p in folder.iterdir()) == before  # the store holds token ids and nothing else
+    cached = list((tmp_path / "cache" / "features").rglob("*.pt"))
+    assert len(cached) == len(examples) and all("tiny-llama" in str(p) for p in cached)
+
+
+def test_features_too_big_to_keep_are_computed_on_demand_and_equal_the_cached_ones(tmp_path, monkeypatch):
+    import torch
+    from conftest import tiny_target
+    from specdec_learn.train import eagle3
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_target()
+    folder, _ = corpus_store(tmp_path / "datasets")
+    kept = data.training_data(target, taps=(0, 1), kv_layer=1, data_dir=folder, progress=False)
+    files = sorted(tmp_path.rglob("*.pt"))
+    lines = []
+    lazy = data.training_data(target, taps=(0, 1), kv_layer=1, data_dir=folder, keep_gib=0, log=lines.append)
+    assert isinstance(lazy.train, data.OnDemand) and isinstance(lazy.eval, data.OnDemand)
+    assert "on demand" in lines[0] and sorted(tmp_path.rglob("*.pt")) == files  # nothing written
+    assert data.lengths(lazy.train) == data.lengths(kept.train) == [len(e.input_ids) for e in kept.examples]
+    for a, b in zip(kept.train, lazy.train):
+        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ids", "taps", "last", "top1", "keys", "values"))
+    # EAGLE-3's batches: the same examples whichever way the features come
+    cfg = eagle3.TrainConfig(tokens_per_batch=40)
+    for step in range(4):
+        assert [f.ids.tolist() for f in eagle3.batches(lazy.train, cfg)(step)] == \
+               [f.ids.tolist() for f in eagle3.batches(kept.train, cfg)(step)]

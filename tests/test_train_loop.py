@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_learn.train.loop import Budget, export, load_state, save_state, train_loop, warmup_cosine
+from specdec_learn.train.loop import Budget, curve, export, load_state, save_state, train_loop, warmup_cosine
 
 TESTS = Path(__file__).resolve().parent
 QUIET = lambda *_: None  # noqa: E731
@@ -102,6 +102,10 @@ def test_the_evaluation_hook_runs_every_n_steps_and_at_the_end(tmp_path):
     assert len(calls) == 3 and run.held_out == {"acc": [0.25, 0.5]}  # steps 4, 8 and the end; tensors made plain
     assert run.history[3]["eval"] == {"acc": [0.25, 0.5]} and "eval" not in run.history[4]
     assert calls == [False] * 3 and model.training is False  # evaluated in eval mode, left in eval mode
+    # the learning curve recipe.json keeps: every evaluation, with the tokens read by then
+    assert [(r["step"], r["acc"]) for r in curve(run)] == [(4, [0.25, 0.5]), (8, [0.25, 0.5]), (9, [0.25, 0.5])]
+    assert [r["tokens_seen"] for r in curve(run)] == [run.history[i]["tokens_seen"] for i in (3, 7, 8)]
+    assert 0 < curve(run)[0]["tokens_seen"] < curve(run)[1]["tokens_seen"] < curve(run)[2]["tokens_seen"] == run.tokens
     calls.clear()
     train_loop(model, loss, Budget(8), tmp_path / "b", lr=0.05, evaluate=held_out, eval_every=4, log=QUIET)
     assert len(calls) == 2  # steps 4 and 8: the end is step 8, not evaluated twice

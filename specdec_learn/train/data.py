@@ -14,14 +14,23 @@ the training text is written by the exact target, not taken from a dataset:
 `training_data` is where every trainer's data stage ends: the train and
 held-out examples, each with what its drafter reads from the target (the
 taps, the final state, the target's top-1, for the assistant a layer's K/V;
-for the draft model the tokens alone), run once per example and cached on
-disk beside the dataset, plus a record of the data for recipe.json.
+for the draft model the tokens alone), plus a record of the data for
+recipe.json. Its examples come from the committed corpus (corpus.py,
+`datasets/` in the repository) unless a folder of JSONL shards is named.
+Features are run once per example and cached on disk (under
+$SPECDEC_CACHE/features/ for the corpus) when they fit in `KEEP_GIB`;
+above that (EAGLE-3's three taps are ~5 KB a token, so 3M tokens would be
+16 GB) they are computed when a trainer asks for them (`OnDemand`): one
+target forward per example per epoch instead of the disk.
 
 Held-out prompts stay held out: `training_prompts` keeps only prompts whose id
 is outside the benchmark split (`workloads.is_benchmark_prompt`) and whose
 text is not a benchmark prompt's text, and `build_dataset` refuses any other.
 
-The dataset is a folder of JSONL shards, one line per example. Generation is
+A dataset is the committed corpus (corpus.py: token ids in safetensors
+shards, written by a vLLM job) or, for a target without one, a folder of
+JSONL shards in the cache, one line per example, which `build_dataset`
+writes with HF `generate` or a vLLM engine. `load_examples` reads both. Generation is
 resumable: each batch is appended and flushed as soon as it is done, and a new
 run skips every (id, variant) already on disk, so a long job may be stopped
 and continued. A variant is "greedy" or, for sampled responses, "T<temp>s<seed>":
@@ -36,6 +45,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -61,8 +71,22 @@ class Example:
 
 
 def default_dir(target_name: str) -> Path:
-    """$SPECDEC_CACHE/data/<target-name>/ (the dataset is regenerated, never committed)."""
-    return cache_dir() / "data" / Path(target_name).name
+    """Where a target's training examples are: its committed corpus when the repository has one, else the cache.
+
+    The corpus is datasets/<target>/<key>/ (corpus.py: the job that writes it
+    and its format); the cache is $SPECDEC_CACHE/data/<target-name>/, the
+    JSONL shards `specdec train data` writes for a target without a corpus.
+    """
+    from .corpus import Settings, read_manifest, store_dir
+
+    name = Path(target_name).name
+    store = store_dir(Settings(target=name))
+    return store if read_manifest(store) is not None else cache_dir() / "data" / name
+
+
+def is_corpus(folder) -> bool:
+    """A corpus store (a manifest and safetensors shards), not a folder of JSONL shards."""
+    return (Path(folder) / "manifest.json").exists()
 
 
 # --- prompts -----------------------------------------------------------------
@@ -140,6 +164,9 @@ def build_dataset(
     batches) and call again to continue.
     """
     check_no_benchmark_prompts(prompts)
+    if is_corpus(out_dir):
+        raise ValueError(f"{out_dir} is a corpus store (corpus.py), not a JSONL folder: grow it with "
+                         "`python -m specdec_learn.train.corpus start`, or write JSONL shards to another folder.")
     if engine is not None:
         encode = engine.encode
         generate = partial(_generate_batch_vllm, engine)
@@ -217,7 +244,11 @@ def _generate_batch_vllm(engine, prompts: list[list[int]], max_new_tokens: int, 
 
 
 def load_examples(out_dir) -> list[Example]:
-    """Every example in out_dir's shards (a half-written last line is skipped)."""
+    """Every example in out_dir's shards: a corpus store's, or JSONL lines (a half-written last line is skipped)."""
+    if is_corpus(out_dir):
+        from .corpus import load_corpus
+
+        return load_corpus(out_dir)
     examples = []
     for shard in sorted(Path(out_dir).glob("*.jsonl")):
         for line in shard.read_text(encoding="utf-8").splitlines():
@@ -304,15 +335,66 @@ class Features:
 
 
 def example_key(ex: Example) -> str:
-    return hashlib.sha1(f"{ex.id}|{ex.variant}|{len(ex.input_ids)}".encode()).hexdigest()[:16]
+    """The name of an example's feature file: its id, variant and very tokens (other text, other features)."""
+    return hashlib.sha1(f"{ex.id}|{ex.variant}|{ex.input_ids}".encode()).hexdigest()[:16]
 
 
 def feature_dir(data_dir, target, taps=(), kv_layer: int | None = None) -> Path:
-    """data_dir/taps-2-15-27-bfloat16/ (or last-..., ...-kv29-...): one cache per (taps, K/V layer, target dtype)."""
+    """<root>/taps-2-15-27-bfloat16/ (or last-..., ...-kv29-...): one cache per (taps, K/V layer, target dtype).
+
+    root is data_dir for a JSONL folder (in the cache already), and
+    $SPECDEC_CACHE/features/<target>/<key>/ for a corpus store: the
+    repository keeps token ids, never what is rebuilt from them.
+    """
     name = f"taps-{'-'.join(map(str, taps))}" if taps else "last"
     if kv_layer is not None:
         name += f"-kv{kv_layer}"
-    return Path(data_dir) / f"{name}-{str(target.dtype).removeprefix('torch.')}"
+    data_dir = Path(data_dir)
+    root = cache_dir() / "features" / data_dir.parent.name / data_dir.name if is_corpus(data_dir) else data_dir
+    return root / f"{name}-{str(target.dtype).removeprefix('torch.')}"
+
+
+KEEP_GIB = 4.0  # features above this size are computed on demand, not cached
+
+
+def feature_bytes(target, examples: list[Example], taps=(), kv_layer: int | None = None) -> int:
+    """What `capture` would keep for these examples, in bytes (bf16 states, int64 ids and top-1)."""
+    per_token = 2 * target.hidden_size * (len(taps) + 1) + 3 * 8  # taps + last (bf16); ids, mask, top1
+    if kv_layer is not None:
+        config = target.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_token += 2 * 2 * config.num_key_value_heads * head_dim  # K and V, bf16
+    return per_token * sum(len(ex.input_ids) for ex in examples)
+
+
+class OnDemand(Sequence):
+    """Features computed when a trainer reads them: `capture` for a corpus too big to keep.
+
+    Indexing runs the target over example i (one forward, `target_features`)
+    every time, so an epoch costs a target pass over its tokens and nothing
+    is stored. The result is the same as a cached one's: the target is
+    frozen and its forward deterministic on one machine. `lengths` gives the
+    examples' token counts without running anything (for packing batches).
+    """
+
+    def __init__(self, target, examples: list[Example], taps=(), kv_layer: int | None = None,
+                 dtype=torch.bfloat16):
+        self.target, self.examples, self.taps, self.kv_layer, self.dtype = target, examples, tuple(taps), kv_layer, dtype
+        self.lengths = [len(ex.input_ids) for ex in examples]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @torch.no_grad()
+    def __getitem__(self, i: int) -> Features:
+        if not isinstance(i, int):
+            raise TypeError("OnDemand features are read one example at a time: features[i].")
+        return target_features(self.target, self.examples[i], self.taps, self.dtype, self.kv_layer)
+
+
+def lengths(features) -> list[int]:
+    """Each example's token count, without computing an on-demand example's features."""
+    return list(features.lengths) if isinstance(features, OnDemand) else [len(f.ids) for f in features]
 
 
 @torch.no_grad()
@@ -384,24 +466,35 @@ class TrainingData:
 
     examples: list[Example]  # training examples (the target's answers)
     held_out: list[Example]  # held out by prompt id (`split_examples`)
-    train: list[Features]  # one per training example
-    eval: list[Features]  # one per held-out example
+    train: list[Features] | OnDemand  # one per training example
+    eval: list[Features] | OnDemand  # one per held-out example
     record: dict  # `fingerprint`: folder, counts, a hash of which examples
 
 
 def training_data(target, taps=(), kv_layer: int | None = None, data_dir=None, states: bool = True,
-                  progress: bool = True) -> TrainingData:
-    """The step every trainer ends its data stage at: the dataset, split, with each example's features cached.
+                  progress: bool = True, keep_gib: float = KEEP_GIB, log=print) -> TrainingData:
+    """The step every trainer ends its data stage at: the dataset, split, with each example's features.
 
+    data_dir: the corpus store or JSONL folder (default: `default_dir`).
     states=False: the tokens alone (the distilled draft model learns from what
     the target wrote, not from its hidden states), so no target forward runs.
+    Features of more than `keep_gib` GiB (train and held-out reckoned apart)
+    are computed on demand (`OnDemand`); the rest are cached on disk.
     """
     name = Path(str(target.name)).name
     data_dir = Path(data_dir or default_dir(name))
     examples, held_out = training_split(name, data_dir)
     check_no_benchmark_prompts_by_id([ex.id for ex in examples + held_out])
-    source = target if states else None
-    cache = feature_dir(data_dir, target, taps, kv_layer) if states else None
-    train = capture(source, examples, taps, cache, progress, kv_layer=kv_layer)
-    held = capture(source, held_out, taps, cache, progress, kv_layer=kv_layer)
-    return TrainingData(examples, held_out, train, held, fingerprint(examples, held_out, data_dir))
+
+    def features(part: list[Example]):
+        if not states:
+            return capture(None, part)
+        size = feature_bytes(target, part, taps, kv_layer)
+        if size > keep_gib * 2**30:
+            log(f"features of {len(part)} examples would take {size / 2**30:.1f} GiB (> {keep_gib:g}): "
+                "computing them on demand, one target forward per example read")
+            return OnDemand(target, part, taps, kv_layer)
+        return capture(target, part, taps, feature_dir(data_dir, target, taps, kv_layer), progress, kv_layer=kv_layer)
+
+    return TrainingData(examples, held_out, features(examples), features(held_out),
+                        fingerprint(examples, held_out, data_dir))

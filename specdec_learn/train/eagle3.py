@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
 from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
-from .data import Example, Features, training_data, work_dir_for
+from .data import Example, Features, lengths, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
 
 
@@ -68,17 +68,16 @@ def draft_vocabulary(examples: list[Example], size: int, target, work_dir) -> to
 # --- the TTT forward and loss -----------------------------------------------------------
 
 
-def pack(features: list[Features], tokens_per_batch: int, generator: torch.Generator) -> list[list[Features]]:
-    """Shuffle, then group examples into batches of about `tokens_per_batch` rows."""
-    order = torch.randperm(len(features), generator=generator).tolist()
+def pack(sizes: list[int], tokens_per_batch: int, generator: torch.Generator) -> list[list[int]]:
+    """Shuffle, then group examples (by index; sizes[i] = example i's tokens) into batches of about `tokens_per_batch` rows."""
+    order = torch.randperm(len(sizes), generator=generator).tolist()
     batches, batch, n = [], [], 0
     for i in order:
-        T = len(features[i].ids)
-        if batch and n + T > tokens_per_batch:
+        if batch and n + sizes[i] > tokens_per_batch:
             batches.append(batch)
             batch, n = [], 0
-        batch.append(features[i])
-        n += T
+        batch.append(i)
+        n += sizes[i]
     return batches + ([batch] if batch else [])
 
 
@@ -163,17 +162,22 @@ def ttt_attention(layer, q, keys, values, step0_mask):
 # --- the loop: packed batches through train/loop.py -------------------------------------------
 
 
-def batches(features: list[Features], cfg: TrainConfig):
-    """step -> its packed batch: epoch after epoch, each shuffled by seed + epoch (so any step can be found again)."""
-    epochs: list[list[list[Features]]] = []
+def batches(features, cfg: TrainConfig):
+    """step -> its packed batch: epoch after epoch, each shuffled by seed + epoch (so any step can be found again).
+
+    Epochs are kept as indices, so on-demand features (data.OnDemand) are
+    computed only for the batch a step reads.
+    """
+    sizes = lengths(features)
+    epochs: list[list[list[int]]] = []
 
     def batch_at(step: int) -> list[Features]:
         epoch, first = 0, 0
         while True:
             if epoch == len(epochs):
-                epochs.append(pack(features, cfg.tokens_per_batch, torch.Generator().manual_seed(cfg.seed + epoch)))
+                epochs.append(pack(sizes, cfg.tokens_per_batch, torch.Generator().manual_seed(cfg.seed + epoch)))
             if step < first + len(epochs[epoch]):
-                return epochs[epoch][step - first]
+                return [features[i] for i in epochs[epoch][step - first]]
             first, epoch = first + len(epochs[epoch]), epoch + 1
 
     return batch_at
@@ -210,7 +214,8 @@ def evaluate(model, embed, target_head, feats: list[Features], cfg: TrainConfig)
     was_training = model.training
     model.eval()
     losses, accs, n = 0.0, [0.0] * cfg.ttt_steps, 0
-    for batch in pack(feats, cfg.tokens_per_batch, torch.Generator().manual_seed(0)):
+    for indices in pack(lengths(feats), cfg.tokens_per_batch, torch.Generator().manual_seed(0)):
+        batch = [feats[i] for i in indices]
         with autocast(cfg, target_head.device):
             loss, a = ttt_loss(model, embed, target_head, batch, cfg)
         losses += loss.item()

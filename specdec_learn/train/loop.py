@@ -213,6 +213,7 @@ def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_
                     f"({time.perf_counter() - start:.0f}s)")
             if evaluate is not None and eval_every and run.steps % eval_every == 0:
                 run.held_out = run.history[-1]["eval"] = held_out()
+                run.history[-1]["tokens_seen"] = run.tokens  # the learning curve: held-out accuracy vs tokens read
                 evaluated_at = run.steps
             if run.steps % save_every == 0:
                 save()
@@ -222,6 +223,8 @@ def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_
         raise
     if evaluate is not None and evaluated_at != run.steps:  # the end, unless this very step was just evaluated
         run.held_out = held_out()
+        if run.history:
+            run.history[-1].update(eval=run.held_out, tokens_seen=run.tokens)
     save()
     module.eval()
     return run
@@ -279,11 +282,17 @@ def recipe(run: Run, method: str, target, command: str | None = None) -> dict:
         "train_minutes": round(run.minutes, 2),
         "final_train_loss": recent["loss"],
         "held_out": run.held_out,
+        "held_out_curve": curve(run),
         "config": run.config,
         "data": run.data,
         "command": command,
         "machine": machine_info(target),
     }
+
+
+def curve(run: Run) -> list[dict]:
+    """Every held-out evaluation of the run: {"step", "tokens_seen", **metrics} (tokens_seen: text tokens read so far)."""
+    return [{"step": r["step"], "tokens_seen": r.get("tokens_seen"), **r["eval"]} for r in run.history if "eval" in r]
 
 
 def export(out_dir, write: Callable[[Path], object], record: dict) -> Path:
