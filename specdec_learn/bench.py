@@ -87,8 +87,11 @@ class Record:
 
 
 def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, progress=None,
-               tree: TreeSpec | None = None) -> Record:
-    """One (method, k) or (method, tree) over every prompt; prompt i is sampled with seed + i."""
+               tree: TreeSpec | None = None, draft_vocab: int | None = None) -> Record:
+    """One (method, k) or (method, tree) over every prompt; prompt i is sampled with seed + i.
+
+    draft_vocab: the reduced vocabulary `drafter` was made with (zoo.make_drafter), for the record.
+    """
     stats, outputs = Stats(), []
     for i, prompt in enumerate(prompts):
         out = generate(target, prompt.text, drafter, k=0 if tree else k, max_new_tokens=max_new_tokens,
@@ -98,7 +101,7 @@ def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, se
         if progress is not None:
             progress.update(1)
     k = tree.depth if tree is not None else k
-    return Record(method, k if drafter is not None else 0, stats, outputs, tree=tree)
+    return Record(method, k if drafter is not None else 0, stats, outputs, tree=tree, draft_vocab=draft_vocab)
 
 
 def bench(
@@ -150,8 +153,8 @@ def bench(
         drafter = drafters[method, vocab]
         if drafter is not None:  # every run starts clean: no run may learn from another's outputs
             drafter.forget()
-        records.append(run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree))
-        records[-1].draft_vocab = vocab
+        records.append(run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree,
+                                  vocab))
     bar.close()
     return compare_to_ar(records)
 

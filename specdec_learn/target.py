@@ -116,8 +116,7 @@ class Target:
         layer can keep an arbitrary subset of them (`keep_path`). Sliding-window
         and linear-attention layers verify chains.
         """
-        layers = DynamicCache(config=self.model.config).layers
-        return not self.mixers and not any(getattr(l, "is_sliding", False) or is_linear(l) for l in layers)
+        return not self.mixers and keeps_every_position(self.model.config)
 
     # -- the model's parts that drafters share ---------------------------
     @property
@@ -405,6 +404,16 @@ def pack_single_rows(head: torch.nn.Module) -> None:
 def is_linear(layer) -> bool:
     """A linear-attention cache layer: states, no positions (crop does not apply)."""
     return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def keeps_every_position(config) -> bool:
+    """Whether every cache layer of a model with this config keeps every position (no sliding window, no states).
+
+    What a token tree needs of a cache: its rows are not consecutive
+    positions, and only full-attention layers can keep any subset of them.
+    """
+    layers = DynamicCache(config=config).layers
+    return not any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers)
 
 
 def record_past(cache: DynamicCache) -> None:

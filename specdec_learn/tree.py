@@ -119,8 +119,16 @@ def tree_mask(parents: list[int], past: int, dtype: torch.dtype, device) -> torc
     for i, p in enumerate(parents):
         allowed[1 + i] = allowed[1 + p] if p >= 0 else allowed[0]  # what the parent sees ...
         allowed[1 + i, past + 1 + i] = True  # ... and itself
-    mask = torch.zeros(n + 1, past + n + 1, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive(allowed, dtype)[None, None]
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = may attend) as the additive mask attention adds to its scores: 0, or dtype's lowest value.
+
+    The dtype's lowest finite value rather than -inf: a row that sees nothing
+    then softmaxes to a uniform row instead of NaN (what transformers does).
+    """
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def tree_positions(parents: list[int], past: int, device) -> torch.Tensor:

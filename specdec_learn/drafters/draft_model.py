@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import LinearState, crop_cache, is_linear, pack_single_rows, record_past
-from ..tree import ancestor_mask, dynamic_tree
+from ..target import LinearState, crop_cache, is_linear, keeps_every_position, pack_single_rows, record_past
+from ..tree import additive, ancestor_mask, dynamic_tree
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
@@ -106,8 +106,7 @@ class DraftModelDrafter(Drafter):
 
     def check_tree(self, tree) -> None:
         super().check_tree(tree)
-        layers = DynamicCache(config=self.model.config).layers
-        if any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers):
+        if not keeps_every_position(self.model.config):
             raise ValueError("This draft model has sliding-window or linear-attention layers, which cannot keep "
                              "a tree's scattered positions: draft a chain (k) with it instead.")
 
@@ -135,7 +134,7 @@ class DraftModelDrafter(Drafter):
         rows.update({c: past + i for i, c in enumerate(run)})
         sees = ancestor_mask(run, parents, rows, past + len(run), device)  # [n, past + n]
         sees[:, : self.tree_base] = True  # every committed token
-        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, torch.finfo(dtype).min)
+        mask = additive(sees, dtype)
         ids = torch.tensor([[tokens[c] for c in run]], dtype=torch.long, device=device)  # [1, n]
         positions = torch.full((1, len(run)), self.tree_base + depth - 1, dtype=torch.long, device=device)  # [1, n]
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,

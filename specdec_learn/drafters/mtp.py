@@ -58,6 +58,7 @@ from ..formats.io import read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
 from ..target import crop_cache
+from ..tree import additive
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
@@ -330,8 +331,7 @@ def rotary(target, x: torch.Tensor, positions: torch.Tensor):
 def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
     """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
-    mask = torch.zeros(n, past + n, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive(allowed, dtype)[None, None]
 
 
 def random_mtp_head(target, num_layers: int = 1, layout: str = "qwen3_next", seed: int = 0) -> MTPHead:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder, strip_table
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
+from ..tree import additive
 from .data import training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 from .projected import ProjectedTable
@@ -100,7 +101,7 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
     p = torch.tensor(ok, device=ids.device)[pick].sort().values  # [P]
     P = p.numel()
     allowed = torch.arange(T, device=ids.device)[None] < p[:, None]  # [P, T]: K/V of positions < p
-    bias = torch.zeros(P, T, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    bias = additive(allowed, torch.float32)[None, None]
     masks = {"full_attention": bias, "sliding_attention": bias}
     shared = {"full_attention": (K, V), "sliding_attention": (K, V)}
     scale = math.sqrt(H_b)
