@@ -224,7 +224,7 @@ def _add_train_parser(sub) -> None:
     """`specdec train data` and `specdec train <method>`: the flags every trainer shares, then its own.
 
     Shared: --target --steps --budget-min --lr --out --threads --data-dir
-    --work-dir --seed --no-progress (defaults per method). A method's own
+    --work-dir --seed --eval-every --no-progress (defaults per method). A method's own
     flags (sizes, loss weights) live beside its loss, in its module's
     `add_arguments`; a flag that a method does not have is refused.
     """
@@ -264,9 +264,13 @@ def _add_train_common(p, defaults: dict) -> None:
     p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate (warm-up, then cosine)")
     p.add_argument("--out", default=None, help="checkpoint folder (default: specdec_learn/checkpoints/<its name>)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    p.add_argument("--data-dir", default=None, help="the dataset (default: $SPECDEC_CACHE/data/<target>)")
+    p.add_argument("--data-dir", default=None,
+                   help="the dataset (default: the committed corpus, datasets/<target>/; else $SPECDEC_CACHE/data/<target>)")
     p.add_argument("--work-dir", default=None, help="the resumable state (default: $SPECDEC_CACHE/train/<its name>)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="a held-out evaluation every N steps, for the learning curve in recipe.json (default: the "
+                        "method's own; at least at the end)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars and no per-step log lines")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="on an error, show the traceback")
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from specdec_learn.train import corpus, magpie
+from specdec_learn.train import job as job_module
 from specdec_learn.train.data import Example, bench_texts, split_examples
 from specdec_learn.workloads import Prompt, is_benchmark_prompt, load_workload
 
@@ -289,7 +290,7 @@ def test_the_job_session_yields_the_cpu():
         pytest.skip("no autogroup scheduling here (not Linux, or switched off): plain nice applies")
     job = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        corpus.lower_autogroup(job.pid)
+        job_module.lower_autogroup(job.pid)
         assert Path(f"/proc/{job.pid}/autogroup").read_text().split()[-1] == "19"
     finally:
         job.kill()

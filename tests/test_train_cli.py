@@ -9,7 +9,7 @@ from test_mtp_train import write_examples
 
 from specdec_learn.cli import TRAINERS, main
 
-SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--data-dir", "--work-dir", "--seed",
+SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--data-dir", "--work-dir", "--seed", "--eval-every",
           "--no-progress"]
 OWN = {  # each method's own flags: no other method accepts them unless it has its own flag of that name
     "eagle3": ["--dtype", "--draft-vocab", "--ttt-steps", "--tokens-per-batch"],
@@ -69,9 +69,11 @@ def test_train_mtp_through_the_cli_records_the_command_resumes_and_refuses_a_dam
     target = tiny_target_folder(tmp_path / "tiny")
     data, work, out = write_examples(tmp_path / "data"), tmp_path / "work", tmp_path / "out"
     argv = ["train", "mtp", "--target", str(target), "--data-dir", str(data), "--work-dir", str(work),
-            "--out", str(out), "--depth", "2", "--lr", "0.01", "--threads", "1", "--no-progress"]
+            "--out", str(out), "--depth", "2", "--lr", "0.01", "--threads", "1", "--no-progress", "--eval-every", "2"]
     assert main([*argv, "--steps", "4"]) == 0
     made = json.loads((out / "recipe.json").read_text())
+    assert [(r["step"], len(r["acc"])) for r in made["held_out_curve"]] == [(2, 2), (4, 2)]  # the learning curve
+    assert 0 < made["held_out_curve"][0]["tokens_seen"] < made["held_out_curve"][1]["tokens_seen"] == made["tokens_seen"]
     assert made["steps"] == 4 and made["method"] == "mtp" and made["config"]["depth"] == 2
     assert made["command"].startswith(f"specdec train mtp --target {target} --steps 4 ") and "--depth 2" in made["command"]
     assert made["tokens_seen"] > 0 and len(made["held_out"]["acc"]) == 2 and len(made["data"]["sha256"]) == 64
@@ -79,7 +81,8 @@ def test_train_mtp_through_the_cli_records_the_command_resumes_and_refuses_a_dam
 
     assert main([*argv, "--steps", "6"]) == 0  # the same command with a larger budget continues
     assert "resumed at step 4" in capsys.readouterr().out
-    assert json.loads((out / "recipe.json").read_text())["steps"] == 6
+    again = json.loads((out / "recipe.json").read_text())
+    assert again["steps"] == 6 and [r["step"] for r in again["held_out_curve"]] == [2, 4, 6]  # kept across a resume
 
     (work / "state.pt").write_bytes(b"not a state")
     assert main([*argv, "--steps", "8"]) == 2

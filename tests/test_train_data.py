@@ -173,6 +173,7 @@ def test_features_too_big_to_keep_are_computed_on_demand_and_equal_the_cached_on
     assert isinstance(lazy.train, data.OnDemand) and isinstance(lazy.eval, data.OnDemand)
     assert "on demand" in lines[0] and sorted(tmp_path.rglob("*.pt")) == files  # nothing written
     assert data.lengths(lazy.train) == data.lengths(kept.train) == [len(e.input_ids) for e in kept.examples]
+    assert isinstance(lazy.eval[:2], data.OnDemand) and len(lazy.eval[:2]) == min(2, len(lazy.eval))
     for a, b in zip(kept.train, lazy.train):
         assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ids", "taps", "last", "top1", "keys", "values"))
     # EAGLE-3's batches: the same examples whichever way the features come

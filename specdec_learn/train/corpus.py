@@ -42,7 +42,7 @@ the manifest); `load_split` applies it.
 The job (`python -m specdec_learn.train.corpus start`, in .venv-vllm) grows
 the prompts and the answers together: the answer to every prompt not yet
 answered, one shard after another, then a round of Magpie requests, and
-again, until the Magpie file holds --magpie requests. It runs niced, from a
+again, until the Magpie file holds --magpie requests. It runs as a job.py job: niced, from a
 snapshot of the code, in its own process group, so it can be paused
 (kill -STOP -<pgid>) and continued (kill -CONT -<pgid>); a rerun after a kill
 skips every prompt already answered. `status` says where it stands;
@@ -52,13 +52,11 @@ skips every prompt already answered. `status` says where it stands;
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
 import random
 import struct
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -68,7 +66,7 @@ import numpy as np
 import safetensors.numpy
 
 from ..workloads import Prompt
-from . import magpie
+from . import job, magpie
 from .data import Example, bench_texts, check_no_benchmark_prompts, split_examples, variant_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -339,12 +337,8 @@ def log(line: str) -> None:
 
 def build(args) -> int:
     """The whole job: Magpie prompts until there are enough, then every prompt's answer. Resumable."""
-    from ..models import cache_dir
-
-    lock = (cache_dir() / "corpus_job.lock").open("w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel however we die
-    except BlockingIOError:
+    lock = job.hold_lock("corpus")  # held until this process ends
+    if lock is None:
         print("corpus: another build holds the lock (see `status`); not starting a second one.", flush=True)
         return 1
     settings = Settings(args.target, args.max_new_tokens, args.temperature, args.seed, f"vllm-{args.dtype}")
@@ -376,87 +370,11 @@ def build(args) -> int:
     return 0
 
 
-def job_files():
-    from ..models import cache_dir
-
-    cache = cache_dir()
-    return cache / "corpus_job.pid", cache / "corpus_job.log"
-
-
-def running_pid() -> int | None:
-    """The job's process-group leader, if one is alive."""
-    pid_file, _ = job_files()
-    if not pid_file.exists():
-        return None
-    pid = int(pid_file.read_text().strip())
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
-
-
-def snapshot_source(cache: Path) -> Path:
-    """A private copy of the package to run the job from: the last commit, with this file and magpie.py as they are.
-
-    The job runs for hours in a working tree that others edit; a half-edited
-    module must not break it (vLLM's worker processes import the package again
-    when they start). So it runs from a copy: `git archive HEAD`, read-only
-    for git, plus the corpus's own two modules from the working tree.
-    """
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    out = cache / "corpus_job_src" / commit
-    tmp = out.with_name(f".{commit}.tmp-{os.getpid()}")
-    tmp.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD", "specdec_learn"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
-    for name in ("corpus.py", "magpie.py"):
-        (tmp / "specdec_learn" / "train" / name).write_bytes((Path(__file__).parent / name).read_bytes())
-    if out.exists():
-        subprocess.run(["rm", "-rf", str(out)], check=True)
-    os.replace(tmp, out)
-    return out
-
-
-# `python -c` rather than `-m`: spawned workers then do not import the main module (and the package) again.
-LAUNCHER = "import sys; from specdec_learn.train.corpus import main; sys.exit(main(sys.argv[1:]))"
-
-
-def lower_autogroup(pid: int) -> None:
-    """Give the job's whole session the lowest CPU priority, not just its processes.
-
-    Linux with autogroup scheduling (most desktop kernels, and this machine) shares
-    the CPU fairly between sessions first and applies `nice` only within one, so a
-    niced job in a session of its own still takes half the cores from the user's
-    session. The session's own nice value (/proc/<pid>/autogroup) is what yields.
-    """
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text("19\n")
-    except OSError:  # not Linux, or autogroup off: plain nice is all there is
-        pass
-
-
 def start(args, argv: list[str]) -> int:
-    """Start `build` in the background: its own session (so its own process group), niced, logging to a file."""
-    if (pid := running_pid()) is not None:
-        print(f"The corpus job is already running (process group {pid}).")
-        return 1
-    pid_file, log_file = job_files()
-    source = snapshot_source(pid_file.parent)
-    env = dict(os.environ, PYTHONPATH=str(source), SPECDEC_CACHE=str(pid_file.parent))
+    """Start `build` in the background (job.py: its own session, niced, from a snapshot of the code)."""
     root = ["--root", str(Path(args.root).resolve())]
-    command = ["nice", "-n", "19", sys.executable, "-u", "-c", LAUNCHER, "build", *root, *argv]
-    with log_file.open("a") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start, code from {source}\n")
-        log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, cwd=source, env=env)  # setsid: pid == pgid; cwd: not the tree
-    lower_autogroup(process.pid)
-    pid_file.write_text(f"{process.pid}\n")
-    print(f"Started the corpus job, process group {process.pid}; log: {log_file}\n"
-          f"  pause:  kill -STOP -{process.pid}\n  resume: kill -CONT -{process.pid}")
-    return 0
+    return job.start("corpus", "corpus", ["build", *root, *argv],
+                     keep=("specdec_learn/train/corpus.py", "specdec_learn/train/magpie.py"))
 
 
 def status(args) -> int:
@@ -466,15 +384,12 @@ def status(args) -> int:
     manifest = read_manifest(folder) or new_manifest(settings, 0)
     prompts = corpus_prompts(args.target, args.root)
     size = sum(p.stat().st_size for p in target_dir(args.target, args.root).rglob("*") if p.is_file())
-    pid = running_pid()
+    pid = job.running_pid("corpus")
     print(f"{folder}: {manifest['examples']} / {len(prompts)} prompts answered, "
           f"{manifest['response_tokens']} response tokens, {len(manifest['shards'])} shards; "
           f"{size / 1e6:.1f} MB under {target_dir(args.target, args.root)}")
     print(f"job: {'running, process group ' + str(pid) if pid else 'not running'}")
-    _, log_file = job_files()
-    if log_file.exists():
-        lines = [l for l in log_file.read_text(errors="replace").splitlines() if " shard " in l or "magpie:" in l]
-        print("last:", lines[-1] if lines else "(nothing logged yet)")
+    print("last:", job.last_line("corpus", (" shard ", "magpie:")))
     return 0
 
 

@@ -212,7 +212,7 @@ def evaluate(example_loss, feats, num_anchors: int, block_size: int, seed: int =
 def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: float = 1e-3,
           budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
           loss_slots: int | None = None, work_dir=None, data_dir=None, progress: bool = True,
-          log=print) -> tuple[DFlashModel, Run]:
+          log=print, eval_every: int | None = None) -> tuple[DFlashModel, Run]:
     """Train (or resume) a DFlash drafter on the target's answers. -> (model, Run).
 
     loss_slots: train slots 1..loss_slots only (default: the whole block).
@@ -234,7 +234,7 @@ def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: 
     run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
                      work_dir_for(target.name, "dflash", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
                      evaluate=lambda: {"acc": evaluate(example_loss, data.eval, num_anchors, block_size, seed)},
-                     seed=seed, config=config, data=data.record, progress=progress, log=log)
+                     eval_every=eval_every, seed=seed, config=config, data=data.record, progress=progress, log=log)
     return model, run
 
 
@@ -267,7 +267,7 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype=args.dtype, device="cpu")
     model, run = train(target, args.layers, args.block_size, args.steps, args.lr, args.budget_min, args.anchors,
                        args.gamma, args.seed, loss_slots=args.loss_slots, work_dir=args.work_dir,
-                       data_dir=args.data_dir, progress=not args.no_progress)
+                       data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every)
     return export(model, target, args.out or shipped_folder("dflash", target.name), run, command)
 
 

@@ -96,7 +96,7 @@ def evaluate(student: Student, examples) -> float:
 
 def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_min: float | None = None,
           save_every: int = 25, work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print,
-          **shape) -> tuple[Student, Run]:
+          eval_every: int | None = None, **shape) -> tuple[Student, Run]:
     """A narrow student (`student_config(**shape)`) distilled on the target's answers; resumes. -> (Student, Run)."""
     data = training_data(target, data_dir=data_dir, states=False)  # the tokens alone: no target forward
     torch.manual_seed(seed)
@@ -119,7 +119,7 @@ def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_mi
                                           "num_key_value_heads", "intermediate_size")}}
     run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "draft_model", work_dir),
                      lr=lr, weight_decay=0.01, evaluate=lambda: {"acc": [evaluate(student, data.held_out)]},
-                     save_every=save_every, log_every=10, seed=seed, config=config, data=data.record,
+                     save_every=save_every, eval_every=eval_every, log_every=10, seed=seed, config=config, data=data.record,
                      progress=progress, log=log)
     return student, run
 
@@ -151,7 +151,7 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype="fp32", device="cpu")  # only its embedding is read, in fp32
     student, run = train(target, args.steps, args.batch, args.lr, args.budget_min, work_dir=args.work_dir,
                          data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress, hidden=args.hidden,
-                         layers=args.layers, intermediate=3 * args.hidden)
+                         layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every)
     return export(student, target, args.out or shipped_folder("draft_model", target.name), run, command)
 
 

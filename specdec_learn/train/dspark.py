@@ -86,7 +86,8 @@ def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_
 
 def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, steps: int = 2000, lr: float = 1e-3,
           budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
-          work_dir=None, data_dir=None, progress: bool = True, log=print) -> tuple[DSparkModel, Run]:
+          work_dir=None, data_dir=None, progress: bool = True, log=print,
+          eval_every: int | None = None) -> tuple[DSparkModel, Run]:
     """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run)."""
     taps = shared_taps(target)
     data = training_data(target, taps, data_dir=data_dir, progress=progress)
@@ -109,7 +110,7 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
     run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
                      work_dir_for(target.name, "dspark", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
                      evaluate=lambda: {"acc": evaluate(example_loss, data.eval, num_anchors, block_size, seed)},
-                     seed=seed, config=config, data=data.record, progress=progress, log=log)
+                     eval_every=eval_every, seed=seed, config=config, data=data.record, progress=progress, log=log)
     return model, run
 
 
@@ -143,7 +144,7 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype=args.dtype, device="cpu")
     model, run = train(target, args.layers, args.block_size, args.markov_rank, args.steps, args.lr, args.budget_min,
                        args.anchors, args.gamma, args.seed, work_dir=args.work_dir, data_dir=args.data_dir,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, eval_every=args.eval_every)
     return export(model, target, args.out or shipped_folder("dspark", target.name), run, command)
 
 

@@ -281,7 +281,8 @@ def cli(args, command: str) -> Path:
 
     target = load(args.target, dtype=args.dtype, device="cpu")
     cfg = TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, tokens_per_batch=args.tokens_per_batch, steps=args.steps,
-                      budget_min=args.budget_min, seed=args.seed)
+                      budget_min=args.budget_min, seed=args.seed,
+                      **({"eval_every": args.eval_every} if args.eval_every else {}))
     model, run = train(target, cfg, args.draft_vocab, args.data_dir, args.work_dir, progress=not args.no_progress)
     return export(model, target, args.out or shipped_folder("eagle3", target.name), run, command)
 

@@ -149,7 +149,8 @@ def evaluate(assistant, target, feats, depth: int) -> list[float]:
 
 def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, anchors: int = 48,
           hidden_size: int = 128, num_layers: int = 4, budget_min: float | None = None, save_every: int = 50,
-          work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print) -> tuple[Student, Run]:
+          work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print,
+          eval_every: int | None = None) -> tuple[Student, Run]:
     """A fresh assistant (table = E·P), trained on the target's answers; resumes from the work dir.
 
     -> (Student, Run); the student's assistant holds the table E·P in its tied
@@ -177,7 +178,8 @@ def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: floa
 
     config = {"depth": depth, "beta": beta, "anchors": anchors, "hidden_size": hidden_size, "layers": num_layers}
     run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "gemma4_mtp", work_dir),
-                     lr=lr, evaluate=held_out, save_every=save_every, log_every=10, seed=seed, config=config,
+                     lr=lr, evaluate=held_out, eval_every=eval_every, save_every=save_every, log_every=10, seed=seed,
+                     config=config,
                      data=data.record, progress=progress, log=log)
     with torch.no_grad():  # the tied embedding / lm_head becomes the table it was trained as
         assistant.model.embed_tokens.weight.copy_(student.table())
@@ -219,7 +221,7 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype="fp32", device="cpu")  # the loss runs through the target's fp32 embedding
     student, run = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                          args.layers, args.budget_min, work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, eval_every=args.eval_every)
     return export(student, target, args.out or shipped_folder("gemma4_mtp", target.name), run, command)
 
 

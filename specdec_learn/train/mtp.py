@@ -108,7 +108,7 @@ def evaluate(head, target, feats, depth: int) -> list[float]:
 
 def train(target, steps: int = 2000, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, max_rows: int | None = 64,
           budget_min: float | None = None, save_every: int = 50, work_dir=None, data_dir=None, seed: int = 0,
-          progress: bool = True, log=print) -> tuple[MTPHead, Run]:
+          progress: bool = True, log=print, eval_every: int | None = None) -> tuple[MTPHead, Run]:
     """Graft, then train the head on the target's answers; resumes from the work dir. -> (head, Run)."""
     data = training_data(target, data_dir=data_dir, progress=progress)  # h = features.last, post-norm
     target.model.requires_grad_(False)
@@ -125,7 +125,7 @@ def train(target, steps: int = 2000, depth: int = 3, beta: float = 0.6, lr: floa
 
     run = train_loop(head, loss, Budget(steps, budget_min), work_dir_for(target.name, "mtp", work_dir), lr=lr,
                      evaluate=lambda: {"acc": evaluate(head, target, data.eval[:20], depth)}, save_every=save_every,
-                     log_every=10, seed=seed, data=data.record, progress=progress, log=log,
+                     eval_every=eval_every, log_every=10, seed=seed, data=data.record, progress=progress, log=log,
                      config={"depth": depth, "beta": beta, "max_rows": max_rows})
     return head, run
 
@@ -158,7 +158,8 @@ def cli(args, command: str) -> Path:
 
     target = load(args.target, dtype="fp32", device="cpu")  # the head trains through the target's fp32 layers
     head, run = train(target, args.steps, args.depth, args.beta, args.lr, args.max_rows, args.budget_min,
-                      work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress)
+                      work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress,
+                      eval_every=args.eval_every)
     return export(head, target, args.out or shipped_folder("mtp", target.name), run, command)
 
 

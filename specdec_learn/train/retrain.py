@@ -1,0 +1,157 @@
+"""Retrain every learned drafter on the committed corpus, one after another: a job of hours.
+
+    python -m specdec_learn.train.retrain start     # in the background (job.py: niced, pausable, resumable)
+    python -m specdec_learn.train.retrain status    # where each run stands
+    python -m specdec_learn.train.retrain run       # the same runs, in the foreground
+
+Each run is `specdec train <method>` with the flags in PLAN: the committed
+corpus (data.default_dir), a step budget, a held-out evaluation every few
+hundred steps (the learning curve recipe.json keeps). A step budget, never
+minutes: a job paused with SIGSTOP keeps the wall clock running, so a time
+budget would be spent asleep. A run's state lives in
+$SPECDEC_CACHE/retrain/work/<checkpoint>/ and its export in
+$SPECDEC_CACHE/retrain/<checkpoint>/; a run whose export has reached its
+steps is skipped, so a killed job started again goes on with the run it was in.
+
+Shipping is not part of the job: an export replaces the shipped drafter in
+specdec_learn/checkpoints/ only after `specdec bench` has measured it beside
+the one it replaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import job
+
+# method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with
+# the most to gain), the draft model last (it reads no target states, so it is the cheapest to redo).
+PLAN: dict[str, list[str]] = {
+    "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "4000",
+               "--eval-every", "250"],
+    "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--steps", "6000", "--eval-every", "500"],
+    "dspark": ["--dtype", "bf16", "--layers", "1", "--block-size", "7", "--markov-rank", "32", "--anchors", "64",
+               "--steps", "6000", "--eval-every", "500"],
+    "mtp": ["--depth", "3", "--steps", "6000", "--eval-every", "500"],
+    "gemma4_mtp": ["--steps", "4000", "--eval-every", "500"],
+    "draft_model": ["--steps", "3000", "--eval-every", "250"],
+}
+
+
+def root() -> Path:
+    from ..models import cache_dir
+
+    return cache_dir() / "retrain"
+
+
+def folders(method: str, target: str) -> tuple[Path, Path]:
+    """(work dir, export dir) of one run, named after the checkpoint it makes."""
+    from ..checkpoints import shipped_folder
+
+    name = shipped_folder(method, target).name
+    return root() / "work" / name, root() / name
+
+
+def planned_steps(method: str) -> int:
+    flags = PLAN[method]
+    return int(flags[flags.index("--steps") + 1])
+
+
+def finished(method: str, target: str) -> bool:
+    """Whether this run's export holds its planned steps."""
+    recipe = folders(method, target)[1] / "recipe.json"
+    return recipe.exists() and json.loads(recipe.read_text()).get("steps", 0) >= planned_steps(method)
+
+
+def command(method: str, target: str, threads: int, data_dir: str) -> list[str]:
+    """The `specdec train` argv of one run."""
+    work, out = folders(method, target)
+    return ["train", method, "--target", target, *PLAN[method], "--data-dir", data_dir, "--work-dir", str(work),
+            "--out", str(out), "--threads", str(threads)]
+
+
+def log(line: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} retrain: {line}", flush=True)  # the job's stdout is its log
+
+
+def run(args) -> int:
+    """Every run of PLAN (or of --methods) in turn; a finished one is skipped, a started one resumes."""
+    from ..cli import main as specdec
+
+    lock = job.hold_lock("retrain")  # held until this process ends
+    if lock is None:
+        log("another retrain holds the lock (see `status`); not starting a second one")
+        return 1
+    for method in args.methods:
+        if finished(method, args.target):
+            log(f"{method}: done already ({folders(method, args.target)[1]})")
+            continue
+        argv = command(method, args.target, args.threads, args.data_dir)
+        log(f"{method}: specdec {' '.join(argv)}")
+        code = specdec(argv)
+        if code != 0:
+            log(f"{method}: stopped with exit code {code}; `start` again resumes it")
+            return code
+        log(f"{method}: exported to {folders(method, args.target)[1]}")
+    log("every run is done")
+    return 0
+
+
+def status(args) -> int:
+    """Each run's step against its plan, tokens read and last held-out accuracy; and whether the job runs."""
+    from .loop import STATE, load_state
+
+    for method in args.methods:
+        work, out = folders(method, args.target)
+        state = load_state(work / STATE) if (work / STATE).exists() else None
+        if finished(method, args.target):
+            where = f"done, exported to {out}"
+        elif state is None:
+            where = "not started"
+        else:
+            where = f"step {state['step']} / {planned_steps(method)}"
+        acc = (state or {}).get("held_out") or {}
+        accuracy = " ".join(f"{a:.2f}" for a in acc.get("acc", [])[:6]) if isinstance(acc.get("acc"), list) else ""
+        tokens = f", {state.get('tokens', 0):,} tokens read" if state else ""
+        print(f"{method:12} {where}{tokens}{', held-out acc ' + accuracy if accuracy else ''}")
+    pid = job.running_pid("retrain")
+    print(f"job: {'running, process group ' + str(pid) if pid else 'not running'}")
+    print("last:", job.last_line("retrain", ("retrain:", "step ")))
+    return 0
+
+
+def start(args, argv: list[str]) -> int:
+    """`run` in the background. The data folder is resolved here: the job runs from a copy of the code, not the tree."""
+    return job.start("retrain", "retrain", ["run", *argv, "--data-dir", str(Path(args.data_dir).resolve())],
+                     keep=("specdec_learn/train/retrain.py",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m specdec_learn.train.retrain", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["start", "run", "status"],
+                        help="start = run in the background; run = in the foreground; status")
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=list(PLAN),
+                        help=f"comma-separated, in order (default: {','.join(PLAN)})")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    parser.add_argument("--data-dir", default=None, help="the corpus (default: the committed one, data.default_dir)")
+    args = parser.parse_args(argv)
+    if args.data_dir is None:
+        from .data import default_dir
+
+        args.data_dir = str(default_dir(args.target))
+    unknown = [m for m in args.methods if m not in PLAN]
+    if unknown:
+        parser.error(f"no plan for {', '.join(unknown)}: choose from {', '.join(PLAN)}")
+    if args.command == "start":
+        return start(args, [a for a in argv if a != "start"])
+    return {"run": run, "status": status}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

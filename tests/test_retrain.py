@@ -1,0 +1,40 @@
+"""The retraining job (train/retrain.py): each planned run exports once, a rerun skips it, status says so."""
+
+import json
+
+from test_mtp_train import write_examples
+from test_train_cli import tiny_target_folder
+
+from specdec_learn.train import retrain
+
+
+def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(retrain, "PLAN", {"mtp": ["--depth", "2", "--lr", "0.01", "--steps", "3", "--eval-every", "2"],
+                                          "draft_model": ["--hidden", "16", "--layers", "1", "--batch", "2",
+                                                          "--steps", "2", "--eval-every", "1"]})
+    target, data = tiny_target_folder(tmp_path / "tiny"), write_examples(tmp_path / "data")
+    argv = ["--target", str(target), "--data-dir", str(data), "--threads", "1"]
+    assert retrain.main(["status", *argv]) == 0
+    assert "not started" in capsys.readouterr().out
+
+    assert retrain.main(["run", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "mtp: exported to" in out and "draft_model: exported to" in out and "every run is done" in out
+    recipe = json.loads((retrain.folders("mtp", str(target))[1] / "recipe.json").read_text())
+    assert recipe["steps"] == 3 and [r["step"] for r in recipe["held_out_curve"]] == [2, 3]
+    assert "--eval-every 2" in recipe["command"] and str(data) in recipe["command"]
+    assert retrain.folders("mtp", str(target))[1].parent == tmp_path / "cache" / "retrain"
+
+    assert retrain.main(["run", *argv]) == 0  # started again: nothing left to do
+    assert capsys.readouterr().out.count("done already") == 2
+    assert retrain.main(["status", *argv]) == 0
+    assert capsys.readouterr().out.count("done, exported to") == 2
+
+
+def test_an_unknown_method_is_one_line(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        retrain.main(["status", "--methods", "eagle3,nope"])
+    assert "no plan for nope" in capsys.readouterr().err
