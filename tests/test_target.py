@@ -17,7 +17,10 @@ def test_verify_rows_equal_full_forward_logits(target):
     out = target.verify(state, drafts)
     assert out.logits.shape == (len(drafts) + 1, target.vocab_size)
     ref = full_forward(target, ids + drafts).logits[0, len(ids) - 1 :]
-    torch.testing.assert_close(out.logits, ref, atol=1e-4, rtol=1e-4)
+    # The same fp32 sums in another order (a cache, then 4 rows, against one pass of all): differences of
+    # 1.4e-3 on logits of magnitude ~20 were seen once here (2026-12-01). A wrong position, mask or cache
+    # row moves them by tenths or more.
+    torch.testing.assert_close(out.logits, ref, atol=3e-3, rtol=1e-4)
 
 
 def test_taps_are_hf_hidden_states_and_only_those(target):
