@@ -69,7 +69,7 @@ def draft_vocabulary(examples: list[Example], size: int, target, work_dir) -> to
 
 
 def pack(sizes: list[int], tokens_per_batch: int, generator: torch.Generator) -> list[list[int]]:
-    """Shuffle, then group examples (by index; sizes[i] = example i's tokens) into batches of about `tokens_per_batch` rows."""
+    """Shuffle, then group example indices into batches of about `tokens_per_batch` rows (sizes[i]: example i's tokens)."""
     order = torch.randperm(len(sizes), generator=generator).tolist()
     batches, batch, n = [], [], 0
     for i in order:
