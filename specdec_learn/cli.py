@@ -312,9 +312,11 @@ def _train_data(args) -> int:
 
     data_dir = args.data_dir or data.default_dir(args.target)
     if data.is_corpus(data_dir):
-        examples = data.load_examples(data_dir)
-        print(f"{args.target}'s training data is the committed corpus in {data_dir}: {len(examples)} examples, "
-              f"{sum(sum(ex.loss_mask) for ex in examples)} response tokens. To add to it: "
+        from .train.corpus import read_manifest
+
+        manifest = read_manifest(data_dir)  # it counts what its shards hold
+        print(f"{args.target}'s training data is the committed corpus in {data_dir}: {manifest['examples']} "
+              f"examples, {manifest['response_tokens']} response tokens. To add to it: "
               "python -m specdec_learn.train.corpus start (in an environment with vLLM); "
               "to write a separate JSONL dataset: --data-dir DIR.")
         return 0

@@ -21,15 +21,24 @@ def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypat
     assert retrain.main(["run", *argv]) == 0
     out = capsys.readouterr().out
     assert "mtp: exported to" in out and "draft_model: exported to" in out and "every run is done" in out
-    recipe = json.loads((retrain.folders("mtp", str(target))[1] / "recipe.json").read_text())
+    recipe = json.loads((retrain.folders("mtp", str(target), "any")[1] / "recipe.json").read_text())
     assert recipe["steps"] == 3 and [r["step"] for r in recipe["held_out_curve"]] == [2, 3]
     assert "--eval-every 2" in recipe["command"] and str(data) in recipe["command"]
-    assert retrain.folders("mtp", str(target))[1].parent == tmp_path / "cache" / "retrain"
+    assert retrain.folders("mtp", str(target), recipe["data"]["sha256"])[1].parent == tmp_path / "cache" / "retrain"
 
     assert retrain.main(["run", *argv]) == 0  # started again: nothing left to do
     assert capsys.readouterr().out.count("done already") == 2
     assert retrain.main(["status", *argv]) == 0
     assert capsys.readouterr().out.count("done, exported to") == 2
+
+    write_examples(data, n=30)  # the corpus grew: each run starts afresh, in a new work folder
+    assert retrain.main(["run", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "done already" not in out and "resumed" not in out and out.count("exported to") == 2
+    grown = json.loads((retrain.folders("mtp", str(target), "x")[1] / "recipe.json").read_text())
+    assert grown["data"]["sha256"] != recipe["data"]["sha256"] and grown["data"]["train_examples"] > \
+        recipe["data"]["train_examples"]
+    assert len(list((tmp_path / "cache" / "retrain" / "work").iterdir())) == 4
 
 
 def test_an_unknown_method_is_one_line(capsys):

@@ -129,6 +129,7 @@ def start(name: str, module: str, argv: list[str], keep: tuple[str, ...] = ()) -
 def last_line(name: str, marks: tuple[str, ...]) -> str:
     """The job log's last line holding one of `marks` (its progress lines), or a note that there is none."""
     _, log_file = files(name)
-    lines = [l for l in log_file.read_text(errors="replace").splitlines() if any(m in l for m in marks)] \
-        if log_file.exists() else []
+    if not log_file.exists():
+        return "(nothing logged yet)"
+    lines = [l for l in log_file.read_text(errors="replace").splitlines() if any(m in l for m in marks)]
     return lines[-1] if lines else "(nothing logged yet)"

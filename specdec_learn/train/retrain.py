@@ -9,9 +9,10 @@ corpus (data.default_dir), a step budget, a held-out evaluation every few
 hundred steps (the learning curve recipe.json keeps). A step budget, never
 minutes: a job paused with SIGSTOP keeps the wall clock running, so a time
 budget would be spent asleep. A run's state lives in
-$SPECDEC_CACHE/retrain/work/<checkpoint>/ and its export in
+$SPECDEC_CACHE/retrain/work/<checkpoint>-<data hash>/ and its export in
 $SPECDEC_CACHE/retrain/<checkpoint>/; a run whose export has reached its
-steps is skipped, so a killed job started again goes on with the run it was in.
+steps on the same data is skipped, so a killed job started again goes on
+with the run it was in, and a corpus that has grown is trained on afresh.
 
 Shipping is not part of the job: an export replaces the shipped drafter in
 specdec_learn/checkpoints/ only after `specdec bench` has measured it beside
@@ -29,9 +30,11 @@ from pathlib import Path
 from . import job
 
 # method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with
-# the most to gain), the draft model last. Sized from a first minute of each on the corpus (Intel Xeon,
-# 2 cores, 2026-12-01): the target's forward for on-demand features runs at ~500 tokens/s in bf16, so
-# EAGLE-3 takes ~3.4 s a step (1,024 rows) and DFlash ~0.85 s (one example); the whole plan is ~9 CPU-hours.
+# the most to gain), the draft model last. Sizes (Intel Xeon, 2 cores, 2026-12-01): a first minute on the
+# corpus timed EAGLE-3 at ~3.75 s a step (1,024 rows, on-demand features: the target's forward runs at
+# ~480 tokens/s in bf16), DFlash at ~0.85 s and the draft model at ~1.8 s. DSpark, MTP and the assistant
+# were not timed on the corpus: their counts are estimates from session 3's cached-feature rates. The
+# whole plan is ~9 CPU-hours.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
                "--eval-every", "250"],
@@ -50,12 +53,23 @@ def root() -> Path:
     return cache_dir() / "retrain"
 
 
-def folders(method: str, target: str) -> tuple[Path, Path]:
-    """(work dir, export dir) of one run, named after the checkpoint it makes."""
+def data_hash(target: str, data_dir) -> str:
+    """The hash recipe.json records of exactly which examples a run reads (data.fingerprint)."""
+    from .data import fingerprint, training_split
+
+    return fingerprint(*training_split(target, data_dir), data_dir)["sha256"]
+
+
+def folders(method: str, target: str, data: str) -> tuple[Path, Path]:
+    """(work dir, export dir) of one run, named after the checkpoint it makes.
+
+    The work dir also carries the data's hash: once the corpus grows, the run
+    starts afresh in a new folder instead of resuming one trained on less.
+    """
     from ..checkpoints import shipped_folder
 
     name = shipped_folder(method, target).name
-    return root() / "work" / name, root() / name
+    return root() / "work" / f"{name}-{data[:12]}", root() / name
 
 
 def planned_steps(method: str) -> int:
@@ -63,15 +77,18 @@ def planned_steps(method: str) -> int:
     return int(flags[flags.index("--steps") + 1])
 
 
-def finished(method: str, target: str) -> bool:
-    """Whether this run's export holds its planned steps."""
-    recipe = folders(method, target)[1] / "recipe.json"
-    return recipe.exists() and json.loads(recipe.read_text()).get("steps", 0) >= planned_steps(method)
+def finished(method: str, target: str, data: str) -> bool:
+    """Whether this run's export holds its planned steps on the data as it is now (hash `data`)."""
+    recipe = folders(method, target, data)[1] / "recipe.json"
+    if not recipe.exists():
+        return False
+    made = json.loads(recipe.read_text())
+    return made.get("steps", 0) >= planned_steps(method) and made.get("data", {}).get("sha256") == data
 
 
-def command(method: str, target: str, threads: int, data_dir: str) -> list[str]:
+def command(method: str, target: str, threads: int, data_dir: str, data: str) -> list[str]:
     """The `specdec train` argv of one run."""
-    work, out = folders(method, target)
+    work, out = folders(method, target, data)
     return ["train", method, "--target", target, *PLAN[method], "--data-dir", data_dir, "--work-dir", str(work),
             "--out", str(out), "--threads", str(threads)]
 
@@ -88,17 +105,19 @@ def run(args) -> int:
     if lock is None:
         log("another retrain holds the lock (see `status`); not starting a second one")
         return 1
+    data = data_hash(args.target, args.data_dir)
     for method in args.methods:
-        if finished(method, args.target):
-            log(f"{method}: done already ({folders(method, args.target)[1]})")
+        out = folders(method, args.target, data)[1]
+        if finished(method, args.target, data):
+            log(f"{method}: done already ({out})")
             continue
-        argv = command(method, args.target, args.threads, args.data_dir)
+        argv = command(method, args.target, args.threads, args.data_dir, data)
         log(f"{method}: specdec {' '.join(argv)}")
         code = specdec(argv)
         if code != 0:
             log(f"{method}: stopped with exit code {code}; `start` again resumes it")
             return code
-        log(f"{method}: exported to {folders(method, args.target)[1]}")
+        log(f"{method}: exported to {out}")
     log("every run is done")
     return 0
 
@@ -107,10 +126,11 @@ def status(args) -> int:
     """Each run's step against its plan, tokens read and last held-out accuracy; and whether the job runs."""
     from .loop import STATE, load_state
 
+    data = data_hash(args.target, args.data_dir)
     for method in args.methods:
-        work, out = folders(method, args.target)
+        work, out = folders(method, args.target, data)
         state = load_state(work / STATE) if (work / STATE).exists() else None
-        if finished(method, args.target):
+        if finished(method, args.target, data):
             where = f"done, exported to {out}"
         elif state is None:
             where = "not started"
