@@ -59,11 +59,16 @@ class Record:
     verify_cost: float | None = None  # seconds per verify round / AR seconds per step
     tree: TreeSpec | None = None  # a token tree instead of a chain of k (then k = the tree's depth)
     draft_vocab: int | None = None  # the drafter scored only this many tokens (vocab.py); None = all
+    drafter: str | None = None  # the folder of a drafter run beside the default one (bench's `others`); None = default
 
     @property
     def name(self) -> str:
-        """The method, with its draft vocabulary when reduced: 'dflash v8192'."""
-        return self.method if self.draft_vocab is None else f"{self.method} v{self.draft_vocab}"
+        """The method, with its draft vocabulary when reduced and its folder when not the default one.
+
+        'dflash v8192'; 'eagle3 @retrain/eagle3-smollm2-135m' (the folder's last two parts).
+        """
+        name = self.method if self.draft_vocab is None else f"{self.method} v{self.draft_vocab}"
+        return name if self.drafter is None else f"{name} @{'/'.join(Path(self.drafter).parts[-2:])}"
 
     @property
     def label(self) -> str:
@@ -77,6 +82,7 @@ class Record:
             "k": self.k,
             "tree": None if self.tree is None else asdict(self.tree),
             "draft_vocab": self.draft_vocab,
+            "drafter": self.drafter,
             "nodes_per_round": s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0,
             "speedup": self.speedup,
             "greedy_match": self.greedy_match,
@@ -116,6 +122,7 @@ def bench(
     progress: bool = True,
     trees: list[TreeSpec] = (),
     draft_vocabs: list[int] = (),
+    others: list[tuple[str, str]] = (),
 ) -> list[Record]:
     """Run AR once and every other method at every k (and every tree); fill in speedup and greedy match.
 
@@ -123,6 +130,8 @@ def bench(
     trees: token trees to run too, after each method's chains (drafters that branch only).
     draft_vocabs: reduced draft vocabulary sizes (vocab.py) to run each reducible method's chains with
     too, beside its full-vocabulary runs (zoo.REDUCIBLE; other methods run once).
+    others: (method, folder) pairs: also run that method's chains with the drafter in the folder (a
+    retrained export, say) beside the default one, so the two are measured in the same run.
     """
     if not prompts:
         raise ValueError("No prompts to benchmark on.")
@@ -136,25 +145,32 @@ def bench(
         raise ValueError(f"No draft lengths given for {', '.join(empty)} (ks is empty): give e.g. ks=[1, 3, 5].")
     if any(k < 1 for m in methods for k in ks_of[m]):
         raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
-    runs = [("ar", 0, None, None)] + [(m, k, None, None) for m in methods for k in ks_of[m]]
-    runs += [(m, 0, tree, None) for m in methods for tree in trees]
-    runs += [(m, k, None, v) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
+    strays = [m for m, _ in others if m not in methods]
+    if strays:
+        raise ValueError(f"A drafter was given for {', '.join(strays)}, which is not among the methods run: "
+                         "add it to --methods.")
+    # (method, k, tree, draft vocabulary, drafter folder); None = a chain, the full vocabulary, the default drafter
+    runs = [("ar", 0, None, None, draft)] + [(m, k, None, None, draft) for m in methods for k in ks_of[m]]
+    runs += [(m, 0, tree, None, draft) for m in methods for tree in trees]
+    runs += [(m, k, None, v, draft) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
+    runs += [(m, k, None, None, folder) for m, folder in others for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
-    drafters = {(m, v): make_drafter(m, target, draft=draft, draft_vocab=v)
-                for m, v in dict.fromkeys((m, v) for m, _, _, v in runs)}
-    for m, _, tree, v in runs:
+    drafters = {(m, v, d): make_drafter(m, target, draft=d, draft_vocab=v)
+                for m, v, d in dict.fromkeys((m, v, d) for m, _, _, v, d in runs)}
+    for m, _, tree, v, d in runs:
         if tree is not None:
-            drafters[m, v].check_tree(tree)
+            drafters[m, v, d].check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
     records = []
-    for method, k, tree, vocab in runs:
+    for method, k, tree, vocab, folder in runs:
         bar.set_postfix_str(f"{method} k={k}" if tree is None else f"{method} tree={tree}")
-        drafter = drafters[method, vocab]
+        drafter = drafters[method, vocab, folder]
         if drafter is not None:  # every run starts clean: no run may learn from another's outputs
             drafter.forget()
-        records.append(run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree,
-                                  vocab))
+        record = run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree, vocab)
+        record.drafter = folder if (method, folder) in others else None
+        records.append(record)
     bar.close()
     return compare_to_ar(records)
 
@@ -245,11 +261,14 @@ class Results:
     rows: list[dict]
 
     def get(self, method: str, k: int | None = None, tree: TreeSpec | None = None,
-            draft_vocab: int | None = None) -> dict:
-        """The chain row of (method, k), or its row with `tree` or `draft_vocab`; k=None: its only row, or its fastest."""
+            draft_vocab: int | None = None, drafter: str | None = None) -> dict:
+        """The chain row of (method, k), or its row with `tree`, `draft_vocab` or another `drafter` folder.
+
+        k=None: its only row, or its fastest.
+        """
         want = None if tree is None else asdict(tree)
         rows = [r for r in self.rows if r["method"] == method and (k is None or r["k"] == k)
-                and r.get("tree") == want and r.get("draft_vocab") == draft_vocab]
+                and r.get("tree") == want and r.get("draft_vocab") == draft_vocab and r.get("drafter") == drafter]
         if not rows:
             have = ", ".join(f"{r['method']} k={r['k']}" for r in self.rows)
             raise KeyError(f"{self.path.name} has no {method}" + (f" at k={k}" if k is not None else "") + f": {have}.")

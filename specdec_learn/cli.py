@@ -27,6 +27,14 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _method_folder(text: str) -> tuple[str, str]:
+    """METHOD=DIR, as --drafter takes it."""
+    method, sep, folder = text.partition("=")
+    if not sep or method not in METHODS or not folder:
+        raise argparse.ArgumentTypeError(f"expected METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {text!r}")
+    return method, folder
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="embedded name, local HF directory or hub id")
     p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default=None, help="default: fp32 on CPU, bf16 on GPU")
@@ -61,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--draft-vocab", type=int, action="append", default=[], metavar="N",
                    help=f"also run each of {', '.join(REDUCIBLE)} scoring only its N most frequent tokens "
                         "(repeatable; counted in the committed corpus)")
+    b.add_argument("--drafter", type=_method_folder, action="append", default=[], metavar="METHOD=DIR",
+                   help="also run METHOD's chains with the drafter in DIR (e.g. a retrained export) beside "
+                        "the default one (repeatable)")
     b.add_argument("--json", default=None, help="write the results here")
     b.add_argument("--batch-size", type=int, default=1, help="prompts per vLLM call (--backend vllm only)")
     b.add_argument("--plot", default=None, help="save the figures here (e.g. bench.png)")
@@ -125,6 +136,9 @@ def _bench(args, sampling) -> int:
             raise ValueError(NO_VLLM_TREES)
         if args.draft_vocab:
             raise ValueError(NO_VLLM_DRAFT_VOCAB)
+        if args.drafter:
+            raise ValueError("--drafter runs the readable loop twice over one target; with vLLM run the "
+                             "benchmark once per drafter (--draft DIR) instead.")
         target = None
         records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
                                      args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
@@ -134,7 +148,7 @@ def _bench(args, sampling) -> int:
         target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
         records = bench_mod.bench(
             target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress,
-            args.tree, args.draft_vocab,
+            args.tree, args.draft_vocab, args.drafter,
         )
     info = bench_mod.machine_info(target)
     info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
@@ -146,6 +160,7 @@ def _bench(args, sampling) -> int:
         config["methods"], config["num_prompts"] = methods, len(prompts)
         config["tree"] = [vars(t) for t in args.tree]
         config["draft_vocab"] = args.draft_vocab
+        config["drafter"] = [list(pair) for pair in args.drafter]
         config["prompt_ids"] = [p.id for p in prompts]
         bench_mod.write_json(args.json, records, target, config)
         print(f"results written to {args.json}")

@@ -34,3 +34,39 @@ def test_generate_command(capsys, target):
                  "--dtype", "fp32"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "mean acceptance length" in captured.err
+
+
+def test_bench_runs_another_drafter_folder_beside_the_default(tmp_path, capsys, target):
+    """--drafter METHOD=DIR: the folder's weights are what runs (zeroed, they accept less), and the JSON says which."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specdec_learn.bench import read_results
+    from specdec_learn.checkpoints import shipped
+
+    other = tmp_path / "zeroed" / "gemma4-assistant"
+    shutil.copytree(shipped("gemma4_mtp", "smollm2-135m"), other)
+    weights = other / "model.safetensors"
+    save_file({name: torch.zeros_like(t) for name, t in load_file(weights).items()}, weights, {"format": "pt"})
+    out = tmp_path / "results.json"
+    assert main(["bench", "--methods", "ar,gemma4_mtp", "--k", "2", "--workload", "math", "--prompts", "1",
+                 "--max-new-tokens", "16", "--dtype", "fp32", "--drafter", f"gemma4_mtp={other}", "--json", str(out),
+                 "--no-progress"]) == 0
+    assert "gemma4_mtp @zeroed/gemma4-assistant" in capsys.readouterr().out
+    results = read_results(out)
+    default, zeroed = results.get("gemma4_mtp", 2), results.get("gemma4_mtp", 2, drafter=str(other))
+    assert default["drafter"] is None and zeroed["drafter"] == str(other) and len(results.rows) == 3
+    assert default["greedy_match"] == zeroed["greedy_match"] == 1.0
+    assert zeroed["mean_acceptance_length"] < default["mean_acceptance_length"]
+    assert results.config["drafter"] == [["gemma4_mtp", str(other)]]
+
+
+def test_bench_drafter_flag_errors_are_one_line(tmp_path, capsys):
+    assert main(["bench", "--methods", "ar,ngram", "--k", "2", "--drafter", f"eagle3={tmp_path}"]) == 2
+    assert "not among the methods run: add it to --methods" in capsys.readouterr().err
+    assert main(["bench", "--methods", "ar,eagle3", "--k", "2", "--prompts", "1",
+                 "--drafter", f"eagle3={tmp_path / 'none'}"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (above it: the target's loading bar)
+    assert last.startswith("specdec: error:") and "none" in last and "check the path" in last
