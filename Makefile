@@ -77,7 +77,7 @@ bench: $(VENV)/.bench
 		--json results/bench.json --plot results/bench.png
 
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
-	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -m "not vllm" --durations=15
 	# every chapter re-run in quick mode, its outputs compared with the stored ones
 	SPECDEC_QUICK=1 $(PY) -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py

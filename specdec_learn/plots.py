@@ -156,3 +156,25 @@ def chain_vs_tree(records, ax=None):
     ax.set_title("Chains (blue) and trees (orange)")
     fig.tight_layout()
     return fig
+
+
+def learning_curves(recipes: dict, position: int = 0, ax=None):
+    """Held-out accuracy at one drafted position against training tokens read, one line per run.
+
+    recipes: {label: a recipe.json as a dict}; its "held_out_curve" (train/loop.curve) gives the
+    points. position 0 is the first drafted token, the one every round's acceptance starts with.
+    """
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 3.8))
+    for label, recipe in recipes.items():
+        points = [(p["tokens_seen"], p["acc"][position]) for p in recipe.get("held_out_curve", [])
+                  if p.get("tokens_seen") and len(p.get("acc", [])) > position]
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens read")
+    ax.set_ylabel(f"held-out top-1 accuracy, drafted position {position + 1}")
+    ax.set_title("Acceptance vs data: the learning curve")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

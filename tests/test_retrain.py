@@ -40,6 +40,12 @@ def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypat
         recipe["data"]["train_examples"]
     assert len(list((tmp_path / "cache" / "retrain" / "work").iterdir())) == 4
 
+    from specdec_learn.plots import learning_curves  # chapter 11 draws the curve from these recipes
+
+    line, = learning_curves({"mtp": grown}).axes[0].get_lines()
+    assert list(line.get_xdata()) == [p["tokens_seen"] for p in grown["held_out_curve"]]
+    assert list(line.get_ydata()) == [p["acc"][0] for p in grown["held_out_curve"]]
+
 
 def test_an_unknown_method_is_one_line(capsys):
     import pytest
