@@ -149,27 +149,28 @@ def bench(
     if strays:
         raise ValueError(f"A drafter was given for {', '.join(strays)}, which is not among the methods run: "
                          "add it to --methods.")
-    # (method, k, tree, draft vocabulary, drafter folder); None = a chain, the full vocabulary, the default drafter
-    runs = [("ar", 0, None, None, draft)] + [(m, k, None, None, draft) for m in methods for k in ks_of[m]]
-    runs += [(m, 0, tree, None, draft) for m in methods for tree in trees]
-    runs += [(m, k, None, v, draft) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
-    runs += [(m, k, None, None, folder) for m, folder in others for k in ks_of[m]]
+    # (method, k, tree, draft vocabulary, drafter folder, from `others`); None = a chain, the full vocabulary,
+    # the default drafter. The flag, not the folder, marks an `others` run: --draft may name the same folder.
+    runs = [("ar", 0, None, None, draft, False)] + [(m, k, None, None, draft, False) for m in methods for k in ks_of[m]]
+    runs += [(m, 0, tree, None, draft, False) for m in methods for tree in trees]
+    runs += [(m, k, None, v, draft, False) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
+    runs += [(m, k, None, None, folder, True) for m, folder in others for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
     drafters = {(m, v, d): make_drafter(m, target, draft=d, draft_vocab=v)
-                for m, v, d in dict.fromkeys((m, v, d) for m, _, _, v, d in runs)}
-    for m, _, tree, v, d in runs:
+                for m, v, d in dict.fromkeys((m, v, d) for m, _, _, v, d, _ in runs)}
+    for m, _, tree, v, d, _ in runs:
         if tree is not None:
             drafters[m, v, d].check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
     records = []
-    for method, k, tree, vocab, folder in runs:
+    for method, k, tree, vocab, folder, other in runs:
         bar.set_postfix_str(f"{method} k={k}" if tree is None else f"{method} tree={tree}")
         drafter = drafters[method, vocab, folder]
         if drafter is not None:  # every run starts clean: no run may learn from another's outputs
             drafter.forget()
         record = run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree, vocab)
-        record.drafter = folder if (method, folder) in others else None
+        record.drafter = folder if other else None
         records.append(record)
     bar.close()
     return compare_to_ar(records)

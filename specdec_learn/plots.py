@@ -6,6 +6,7 @@ a notebook shows it inline and the CLI saves it to a file.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -158,6 +159,15 @@ def chain_vs_tree(records, ax=None):
     return fig
 
 
+def drafted(acc: list) -> list:
+    """Per-position accuracies from the first drafted token on.
+
+    A block drafter's (DFlash, DSpark) slot 0 holds the anchor, the token the
+    target gave, which is never drafted: its accuracy is nan, so it is dropped.
+    """
+    return acc[1:] if acc and math.isnan(acc[0]) else acc
+
+
 def learning_curves(recipes: dict, position: int = 0, ax=None):
     """Held-out accuracy at one drafted position against training tokens read, one line per run.
 
@@ -166,8 +176,8 @@ def learning_curves(recipes: dict, position: int = 0, ax=None):
     """
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 3.8))
     for label, recipe in recipes.items():
-        points = [(p["tokens_seen"], p["acc"][position]) for p in recipe.get("held_out_curve", [])
-                  if p.get("tokens_seen") and len(p.get("acc", [])) > position]
+        points = [(p["tokens_seen"], drafted(p.get("acc", []))[position]) for p in recipe.get("held_out_curve", [])
+                  if p.get("tokens_seen") and len(drafted(p.get("acc", []))) > position]
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=label)
     ax.set_xscale("log")

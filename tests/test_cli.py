@@ -63,6 +63,20 @@ def test_bench_runs_another_drafter_folder_beside_the_default(tmp_path, capsys, 
     assert results.config["drafter"] == [["gemma4_mtp", str(other)]]
 
 
+def test_bench_labels_the_other_run_even_when_draft_names_the_same_folder(tmp_path, target):
+    """--draft X with --drafter m=X: only the --drafter run carries the folder; the default rows stay unlabelled."""
+    from specdec_learn.bench import read_results
+    from specdec_learn.checkpoints import shipped
+
+    folder, out = str(shipped("gemma4_mtp", "smollm2-135m")), tmp_path / "results.json"
+    assert main(["bench", "--methods", "ar,gemma4_mtp", "--k", "2", "--workload", "math", "--prompts", "1",
+                 "--max-new-tokens", "8", "--dtype", "fp32", "--draft", folder, "--drafter", f"gemma4_mtp={folder}",
+                 "--json", str(out), "--no-progress"]) == 0
+    results = read_results(out)
+    assert [r["drafter"] for r in results.rows] == [None, None, folder]
+    assert results.get("gemma4_mtp", 2)["drafter"] is None
+
+
 def test_bench_drafter_flag_errors_are_one_line(tmp_path, capsys):
     assert main(["bench", "--methods", "ar,ngram", "--k", "2", "--drafter", f"eagle3={tmp_path}"]) == 2
     assert "not among the methods run: add it to --methods" in capsys.readouterr().err

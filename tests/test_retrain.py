@@ -53,3 +53,15 @@ def test_an_unknown_method_is_one_line(capsys):
     with pytest.raises(SystemExit):
         retrain.main(["status", "--methods", "eagle3,nope"])
     assert "no plan for nope" in capsys.readouterr().err
+
+
+def test_learning_curves_start_a_block_drafter_at_its_first_drafted_slot():
+    """DFlash's acc[0] is the anchor's (nan, never drafted): position 0 is slot 1, as for a chain drafter."""
+    from specdec_learn.plots import learning_curves
+
+    nan = float("nan")
+    block = {"held_out_curve": [{"step": 1, "tokens_seen": 100, "acc": [nan, 0.2, 0.1]},
+                                {"step": 2, "tokens_seen": 200, "acc": [nan, 0.3, 0.1]}]}
+    chain = {"held_out_curve": [{"step": 1, "tokens_seen": 100, "acc": [0.25, 0.1]}]}
+    block_line, chain_line = learning_curves({"dflash": block, "eagle3": chain}).axes[0].get_lines()
+    assert list(block_line.get_ydata()) == [0.2, 0.3] and list(chain_line.get_ydata()) == [0.25]

@@ -39,6 +39,7 @@ from .data import training_data, work_dir_for
 from .dflash import (
     block_hidden,
     block_labels,
+    EVAL_ANCHORS,
     block_step,
     evaluate,
     frozen_parts,
@@ -109,7 +110,7 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
               "gamma": gamma, "taps": list(taps), "init_from_target": init}
     run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
                      work_dir_for(target.name, "dspark", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
-                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, num_anchors, block_size, seed)},
+                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, EVAL_ANCHORS, block_size, seed)},
                      eval_every=eval_every, seed=seed, config=config, data=data.record, progress=progress, log=log)
     return model, run
 

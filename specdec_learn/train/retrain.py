@@ -30,15 +30,18 @@ from pathlib import Path
 from . import job
 
 # method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with
-# the most to gain), the draft model last. Sizes (Intel Xeon, 2 cores, 2026-12-01): a first minute on the
-# corpus timed EAGLE-3 at ~3.75 s a step (1,024 rows, on-demand features: the target's forward runs at
-# ~480 tokens/s in bf16), DFlash at ~0.85 s and the draft model at ~1.8 s. DSpark, MTP and the assistant
-# were not timed on the corpus: their counts are estimates from session 3's cached-feature rates. The
-# whole plan is ~9 CPU-hours.
+# the most to gain), the draft model last. Sizes measured on the corpus (Intel Xeon, 2 cores, idle,
+# on-demand features: the target's forward runs at ~480 tokens/s in bf16): EAGLE-3 5.1-5.5 s a step
+# (1,024 rows), ~4.4 h; DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward
+# serves 64 blocks, and the shipped drafter's own runs found these slots the ones worth the LM head's
+# cost), ~1.4 h; the draft model ~1.8 s. DSpark, MTP and the assistant were not timed on the corpus:
+# their counts are estimates from session 3's cached-feature rates. The whole plan is ~10 CPU-hours,
+# several sessions: `start --methods` picks which runs go first.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
                "--eval-every", "250"],
-    "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--steps", "6000", "--eval-every", "500"],
+    "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--anchors", "64", "--loss-slots", "7",
+               "--steps", "3000", "--eval-every", "600"],
     "dspark": ["--dtype", "bf16", "--layers", "1", "--block-size", "7", "--markov-rank", "32", "--anchors", "64",
                "--steps", "6000", "--eval-every", "500"],
     "mtp": ["--depth", "3", "--steps", "4000", "--eval-every", "500"],
