@@ -34,8 +34,9 @@ from . import job
 # on-demand features: the target's forward runs at ~480 tokens/s in bf16): EAGLE-3 5.1-5.5 s a step
 # (1,024 rows), ~4.4 h; DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward
 # serves 64 blocks, and the shipped drafter's own runs found these slots the ones worth the LM head's
-# cost), ~1.4 h; the draft model ~1.8 s. DSpark, MTP and the assistant were not timed on the corpus:
-# their counts are estimates from session 3's cached-feature rates. The whole plan is ~10 CPU-hours,
+# cost), ~1.4 h; the draft model ~1.8 s. DSpark reads the same examples and anchors as DFlash, so the two
+# compare on equal data. DSpark, MTP and the assistant were not timed on the corpus: their counts are
+# estimates from session 3's cached-feature rates. The whole plan is ~10 CPU-hours,
 # several sessions: `start --methods` picks which runs go first.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
@@ -43,7 +44,7 @@ PLAN: dict[str, list[str]] = {
     "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--anchors", "64", "--loss-slots", "7",
                "--steps", "3000", "--eval-every", "600"],
     "dspark": ["--dtype", "bf16", "--layers", "1", "--block-size", "7", "--markov-rank", "32", "--anchors", "64",
-               "--steps", "6000", "--eval-every", "500"],
+               "--steps", "3000", "--eval-every", "600"],
     "mtp": ["--depth", "3", "--steps", "4000", "--eval-every", "500"],
     "gemma4_mtp": ["--steps", "2000", "--eval-every", "250"],
     "draft_model": ["--steps", "3000", "--eval-every", "250"],
