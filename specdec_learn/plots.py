@@ -168,16 +168,20 @@ def drafted(acc: list) -> list:
     return acc[1:] if acc and math.isnan(acc[0]) else acc
 
 
-def learning_curves(recipes: dict, position: int = 0, ax=None):
+def learning_curves(recipes: dict, position: int = 0, ax=None, key: str = "acc"):
     """Held-out accuracy at one drafted position against training tokens read, one line per run.
 
     recipes: {label: a recipe.json as a dict}; its "held_out_curve" (train/loop.curve) gives the
     points. position 0 is the first drafted token, the one every round's acceptance starts with.
+    key: which accuracy, "acc" (all held-out examples) or one prompt source's, e.g. "acc_templated".
     """
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 3.8))
     for label, recipe in recipes.items():
-        points = [(p["tokens_seen"], drafted(p.get("acc", []))[position]) for p in recipe.get("held_out_curve", [])
-                  if p.get("tokens_seen") and len(drafted(p.get("acc", []))) > position]
+        points = []
+        for p in recipe.get("held_out_curve", []):
+            acc = drafted(p.get(key, []))
+            if p.get("tokens_seen") and len(acc) > position:
+                points.append((p["tokens_seen"], acc[position]))
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=label)
     ax.set_xscale("log")

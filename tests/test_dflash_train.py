@@ -101,3 +101,48 @@ def test_training_lowers_the_loss_resumes_and_ships_a_working_drafter(tiny_setup
     prompt = [40, 41, 42, 43]
     ar = sd.generate(target, prompt, max_new_tokens=20)
     assert sd.generate(target, prompt, drafter, k=3, max_new_tokens=20).tokens == ar.tokens
+
+
+# -- the mix of prompt sources a run reads --------------------------------------------------------
+
+
+def sourced_examples(n_templated: int, n_magpie: int):
+    from specdec_learn.train.data import Example
+
+    ids = [f"mbpp/{i}" for i in range(n_templated)] + [f"magpie/{i:016x}" for i in range(n_magpie)]
+    return [Example(i, [1, 2, 3, 4], [False, True, True, True]) for i in ids]
+
+
+def test_a_templated_share_sets_how_often_each_source_is_drawn():
+    from specdec_learn.train.data import prompt_source, source_weights
+
+    examples = sourced_examples(3, 30)
+    assert [prompt_source(ex.id) for ex in examples[2:4]] == ["templated", "magpie"]
+    weights = source_weights(examples, 0.5)
+    assert float(weights[:3].sum()) == pytest.approx(0.5) and float(weights[3:].sum()) == pytest.approx(0.5)
+
+    drawn = []  # block_step draws its example with these weights, from the step's own generator
+    feats = [type("F", (), {"id": ex.id, "ids": torch.tensor(ex.input_ids), "loss_mask": torch.tensor(ex.loss_mask)})()
+             for ex in examples]
+    step = dflash.block_step(feats, 1, lambda f, anchors: drawn.append(f.id) or (torch.tensor(0.0), {}), weights)
+    for s in range(2000):
+        step(s, torch.Generator().manual_seed(s))
+    share = sum(prompt_source(i) == "templated" for i in drawn) / len(drawn)
+    assert 0.45 < share < 0.55  # uniform drawing would give 3/33 = 0.09
+
+
+@pytest.mark.parametrize("share", [1.5, 0.2])
+def test_a_share_the_corpus_cannot_give_is_one_clear_error(share):
+    from specdec_learn.train.data import source_weights
+
+    examples = sourced_examples(0, 5) if share == 0.2 else sourced_examples(2, 5)
+    with pytest.raises(ValueError, match="--templated-share"):
+        source_weights(examples, share)
+
+
+def test_held_out_accuracy_is_reported_per_prompt_source():
+    feats = [type("F", (), {"loss_mask": torch.tensor([True] * 6), "source": s})() for s in ["a", "b", "b"]]
+    right = {"a": torch.tensor([float("nan"), 1.0, 1.0]), "b": torch.tensor([float("nan"), 0.0, 0.5])}
+    result = dflash.evaluate(lambda f, anchors: (None, {"acc": right[f.source]}), feats, 3, sources=["a", "b", "b"])
+    assert result["acc"][1:].tolist() == pytest.approx([1 / 3, 2 / 3])
+    assert result["acc_a"][1:].tolist() == [1.0, 1.0] and result["acc_b"][1:].tolist() == [0.0, 0.5]

@@ -40,6 +40,12 @@ def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypat
         recipe["data"]["train_examples"]
     assert len(list((tmp_path / "cache" / "retrain" / "work").iterdir())) == 4
 
+    retrain.PLAN["mtp"][3] = "0.02"  # the plan changed (another --lr): that run is made again, the other is not
+    assert retrain.main(["run", *argv]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done already") == 1 and "mtp: exported to" in out
+    assert len(list((tmp_path / "cache" / "retrain" / "work").iterdir())) == 5
+
     from specdec_learn.plots import learning_curves  # chapter 11 draws the curve from these recipes
 
     line, = learning_curves({"mtp": grown}).axes[0].get_lines()

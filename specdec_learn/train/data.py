@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 
 from ..models import cache_dir
 from ..workloads import WORKLOADS, Prompt, is_benchmark_prompt, load_workload
+from .magpie import PREFIX as MAGPIE_PREFIX
 from .prompts import generated_prompts
 
 
@@ -260,6 +261,31 @@ def load_examples(out_dir) -> list[Example]:
             mask = [False] * n + [True] * (len(ids) - n)
             examples.append(Example(row["id"], ids, mask, row.get("variant", "greedy")))
     return examples
+
+
+def prompt_source(prompt_id: str) -> str:
+    """Where an example's prompt came from: "magpie" (the target's own requests) or "templated" (the
+    workloads' kinds: train-split items and templated variants of them, data.training_prompts)."""
+    return "magpie" if prompt_id.startswith(MAGPIE_PREFIX) else "templated"
+
+
+def source_weights(examples: list[Example], templated_share: float) -> torch.Tensor:
+    """Sampling weights [N] that give the templated examples `templated_share` of the draws, Magpie the rest.
+
+    Why: a drafter is fast on the text it is served. The corpus is 92 % Magpie
+    requests, the benchmark's workloads are the templated kinds; drawn
+    uniformly, a run of 3,000 steps saw ~240 answers of the kinds it is
+    benchmarked on.
+    """
+    if not 0.0 <= templated_share <= 1.0:
+        raise ValueError(f"--templated-share {templated_share:g}: give a fraction between 0 and 1.")
+    templated = torch.tensor([prompt_source(ex.id) == "templated" for ex in examples])  # [N]
+    counts = {True: int(templated.sum()), False: len(examples) - int(templated.sum())}
+    share = {True: templated_share, False: 1.0 - templated_share}
+    if any(counts[side] == 0 and share[side] > 0 for side in (True, False)):
+        raise ValueError(f"--templated-share {templated_share:g}: the corpus has {counts[True]} templated and "
+                         f"{counts[False]} Magpie examples; give a share the corpus can draw.")
+    return torch.tensor([share[bool(t)] / counts[bool(t)] for t in templated])
 
 
 def split_examples(examples: list[Example], eval_fraction: float = 0.05) -> tuple[list[Example], list[Example]]:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
-from .data import training_data, work_dir_for
+from .data import prompt_source, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 # --- the blocks of one example --------------------------------------------------
@@ -181,13 +181,18 @@ def frozen_parts(target):
 # --- training: data -> loss -> the loop (shared with DSpark) -----------------------------------
 
 
-def block_step(train_feats, num_anchors: int, example_loss):
+def block_step(train_feats, num_anchors: int, example_loss, weights: torch.Tensor | None = None):
     """The loop's loss for a block drafter: one random example per step, up to `num_anchors` random anchors in it.
 
     example_loss(features, anchors) -> (loss, {"acc": [B], ...}).
+    weights: [N] sampling weights of the examples (data.source_weights); None draws them uniformly.
     """
     def loss(step, generator):
-        f = train_feats[int(torch.randint(len(train_feats), (1,), generator=generator))]
+        if weights is None:
+            i = int(torch.randint(len(train_feats), (1,), generator=generator))
+        else:
+            i = int(torch.multinomial(weights, 1, generator=generator))
+        f = train_feats[i]
         anchors = sample_anchors(f.loss_mask, num_anchors, generator)
         if len(anchors) == 0:
             return None, {"tokens": len(f.ids)}
@@ -201,28 +206,42 @@ EVAL_ANCHORS = 16  # held-out blocks per example: fixed, so runs trained with di
 
 
 @torch.no_grad()
-def evaluate(example_loss, feats, num_anchors: int, block_size: int, seed: int = 0) -> torch.Tensor:
-    """Mean per-slot top-1 accuracy over held-out examples (fixed anchors) -> [B].
+def evaluate(example_loss, feats, block_size: int, seed: int = 0, sources: list[str] | None = None,
+             num_anchors: int = EVAL_ANCHORS) -> dict:
+    """Mean per-slot top-1 accuracy over held-out examples (fixed anchors) -> {"acc": [B], "acc_<source>": [B]}.
 
-    train() passes EVAL_ANCHORS, not the training --anchors: with 64 anchors one
-    evaluation of the corpus's 774 held-out examples took four minutes here.
+    sources: each example's prompt source (data.prompt_source); the mean over
+    each source's examples is reported beside the overall one, because held-out
+    accuracy over a mixed corpus says little about the text a drafter is served.
+    EVAL_ANCHORS, not the training --anchors: with 64 anchors one evaluation of
+    the corpus's 774 held-out examples took four minutes here.
     """
     gen = torch.Generator().manual_seed(seed)
-    accs = []
-    for f in feats:
+    accs, kept = [], []
+    for i, f in enumerate(feats):
         anchors = sample_anchors(f.loss_mask, num_anchors, gen)
         if len(anchors):
             accs.append(example_loss(f, anchors)[1]["acc"])
-    return torch.nanmean(torch.stack(accs), dim=0) if accs else torch.full((block_size,), float("nan"))
+            kept.append(sources[i] if sources else None)
+    if not accs:
+        return {"acc": torch.full((block_size,), float("nan"))}
+    accs = torch.stack(accs)  # [N, B]
+    out = {"acc": torch.nanmean(accs, dim=0)}
+    for source in sorted({s for s in kept if s is not None}):
+        rows = torch.tensor([s == source for s in kept])
+        out[f"acc_{source}"] = torch.nanmean(accs[rows], dim=0)
+    return out
 
 
 def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: float = 1e-3,
           budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
           loss_slots: int | None = None, work_dir=None, data_dir=None, progress: bool = True,
-          log=print, eval_every: int | None = None) -> tuple[DFlashModel, Run]:
+          log=print, eval_every: int | None = None,
+          templated_share: float | None = None) -> tuple[DFlashModel, Run]:
     """Train (or resume) a DFlash drafter on the target's answers. -> (model, Run).
 
     loss_slots: train slots 1..loss_slots only (default: the whole block).
+    templated_share: the fraction of steps that read a templated example (data.source_weights; default: uniform).
     """
     taps = shared_taps(target)
     data = training_data(target, taps, data_dir=data_dir, progress=progress)
@@ -237,10 +256,13 @@ def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: 
         return dflash_loss(model, embed, lm_head, f.taps.float(), f.ids, f.loss_mask, anchors, gamma, loss_slots)
 
     config = {"layers": layers, "block_size": block_size, "num_anchors": num_anchors, "gamma": gamma,
-              "loss_slots": loss_slots, "taps": list(taps), "init_from_target": init}
-    run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
+              "loss_slots": loss_slots, "taps": list(taps), "init_from_target": init,
+              "templated_share": templated_share}
+    weights = None if templated_share is None else source_weights(data.examples, templated_share)
+    sources = [prompt_source(ex.id) for ex in data.held_out]
+    run = train_loop(model, block_step(data.train, num_anchors, example_loss, weights), Budget(steps, budget_min),
                      work_dir_for(target.name, "dflash", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
-                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, EVAL_ANCHORS, block_size, seed)},
+                     evaluate=lambda: evaluate(example_loss, data.eval, block_size, seed, sources),
                      eval_every=eval_every, seed=seed, config=config, data=data.record, progress=progress, log=log)
     return model, run
 
@@ -266,6 +288,13 @@ def add_arguments(p) -> None:
     p.add_argument("--anchors", type=int, default=16, help="blocks per example and step")
     p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-(k-1)/gamma)")
     p.add_argument("--loss-slots", type=int, default=None, help="train slots 1..N only (default: the whole block)")
+    add_share_argument(p)
+
+
+def add_share_argument(p) -> None:
+    p.add_argument("--templated-share", type=float, default=None,
+                   help="fraction of steps that read an answer to a templated prompt (the workloads' kinds), "
+                        "the rest Magpie (default: every example equally likely)")
 
 
 def cli(args, command: str) -> Path:
@@ -274,7 +303,8 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype=args.dtype, device="cpu")
     model, run = train(target, args.layers, args.block_size, args.steps, args.lr, args.budget_min, args.anchors,
                        args.gamma, args.seed, loss_slots=args.loss_slots, work_dir=args.work_dir,
-                       data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every)
+                       data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every,
+                       templated_share=args.templated_share)
     return export(model, target, args.out or shipped_folder("dflash", target.name), run, command)
 
 

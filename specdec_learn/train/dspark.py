@@ -35,11 +35,11 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dspark import DSparkModel, dspark_config, save_dspark
-from .data import training_data, work_dir_for
+from .data import prompt_source, source_weights, training_data, work_dir_for
 from .dflash import (
+    add_share_argument,
     block_hidden,
     block_labels,
-    EVAL_ANCHORS,
     block_step,
     evaluate,
     frozen_parts,
@@ -88,8 +88,11 @@ def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_
 def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, steps: int = 2000, lr: float = 1e-3,
           budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
           work_dir=None, data_dir=None, progress: bool = True, log=print,
-          eval_every: int | None = None) -> tuple[DSparkModel, Run]:
-    """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run)."""
+          eval_every: int | None = None, templated_share: float | None = None) -> tuple[DSparkModel, Run]:
+    """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run).
+
+    templated_share: the fraction of steps that read a templated example (data.source_weights; default: uniform).
+    """
     taps = shared_taps(target)
     data = training_data(target, taps, data_dir=data_dir, progress=progress)
     torch.manual_seed(seed)
@@ -107,10 +110,12 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
         return dspark_loss(model, embed, lm_head, f.taps.float(), f.last, f.ids, f.loss_mask, anchors, gamma)
 
     config = {"layers": layers, "block_size": block_size, "markov_rank": markov_rank, "num_anchors": num_anchors,
-              "gamma": gamma, "taps": list(taps), "init_from_target": init}
-    run = train_loop(model, block_step(data.train, num_anchors, example_loss), Budget(steps, budget_min),
+              "gamma": gamma, "taps": list(taps), "init_from_target": init, "templated_share": templated_share}
+    weights = None if templated_share is None else source_weights(data.examples, templated_share)
+    sources = [prompt_source(ex.id) for ex in data.held_out]
+    run = train_loop(model, block_step(data.train, num_anchors, example_loss, weights), Budget(steps, budget_min),
                      work_dir_for(target.name, "dspark", work_dir), lr=lr, betas=(0.9, 0.95), save_every=100,
-                     evaluate=lambda: {"acc": evaluate(example_loss, data.eval, EVAL_ANCHORS, block_size, seed)},
+                     evaluate=lambda: evaluate(example_loss, data.eval, block_size, seed, sources),
                      eval_every=eval_every, seed=seed, config=config, data=data.record, progress=progress, log=log)
     return model, run
 
@@ -137,6 +142,7 @@ def add_arguments(p) -> None:
     p.add_argument("--markov-rank", type=int, default=32, help="rank of the Markov head's bias (0: none)")
     p.add_argument("--anchors", type=int, default=16, help="blocks per example and step")
     p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-k/gamma)")
+    add_share_argument(p)
 
 
 def cli(args, command: str) -> Path:
@@ -145,7 +151,8 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype=args.dtype, device="cpu")
     model, run = train(target, args.layers, args.block_size, args.markov_rank, args.steps, args.lr, args.budget_min,
                        args.anchors, args.gamma, args.seed, work_dir=args.work_dir, data_dir=args.data_dir,
-                       progress=not args.no_progress, eval_every=args.eval_every)
+                       progress=not args.no_progress, eval_every=args.eval_every,
+                       templated_share=args.templated_share)
     return export(model, target, args.out or shipped_folder("dspark", target.name), run, command)
 
 

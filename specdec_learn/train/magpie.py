@@ -49,6 +49,7 @@ SENTINEL = "\x00MAGPIE-USER-CONTENT\x00"  # stands in for the user's message whi
 # The paper's sampling for the instruction step; requests are short, so a short limit.
 TEMPERATURE, TOP_P, MAX_TOKENS = 1.0, 0.99, 96
 MIN_CHARS, MIN_WORDS, MAX_CHARS = 20, 4, 600
+PREFIX = "magpie/"  # every Magpie request's prompt id starts with it; the templated prompts' ids never do
 
 
 # --- the prefix the model continues --------------------------------------------------
@@ -116,7 +117,7 @@ def train_split_id(text: str) -> str:
     digest = hashlib.sha1(normalise(text).encode("utf-8")).hexdigest()[:16]
     salt = 0
     while True:
-        prompt_id = f"magpie/{digest}" + (f".{salt}" if salt else "")
+        prompt_id = f"{PREFIX}{digest}" + (f".{salt}" if salt else "")
         if not is_benchmark_prompt(prompt_id):
             return prompt_id
         salt += 1
