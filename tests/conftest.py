@@ -96,6 +96,17 @@ def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: 
     return Target(tiny_llama(vocab_size, seed=seed, hidden=hidden, layers=layers), None, name="tiny-llama")
 
 
+# A drafter that is never right (random weights) or always right (the target itself) takes the same path
+# every round, whatever the text, so four of the real prompts cover it: one per workload and the one that
+# stops at EOS. Drafters that are right some of the time (n-gram, suffix, the shipped ones) get all ten.
+SAME_PATH_PROMPTS = (0, 3, 6, 9)
+
+
+def same_path(items: list) -> list:
+    """The SAME_PATH_PROMPTS of `real_prompts`, or of its AR outputs (`ar_greedy`)."""
+    return [items[i] for i in SAME_PATH_PROMPTS]
+
+
 def check_parity(target, prompts, ar_outputs, drafter, k, max_new_tokens=MAX_NEW):
     """Every drafter's greedy output must equal AR's, token for token; returns the summed Stats."""
     total = sd.Stats()

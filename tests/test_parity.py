@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from conftest import MAX_NEW, check_parity, tiny_llama
+from conftest import MAX_NEW, check_parity, same_path, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,8 @@ def test_ngram_is_lossless(target, real_prompts, ar_outputs, k):
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_target_drafting_for_itself_is_always_accepted(target, real_prompts, ar_outputs, k):
-    stats = check_parity(target, real_prompts, ar_outputs, sd.DraftModelDrafter(target.model, target), k)
+    drafter = sd.DraftModelDrafter(target.model, target)
+    stats = check_parity(target, same_path(real_prompts), same_path(ar_outputs), drafter, k)
     assert stats.draft_acceptance_rate == 1.0
     assert stats.mean_acceptance_length > k  # k + 1 but for the budget-clipped last rounds
 
@@ -46,5 +47,5 @@ def test_target_drafting_for_itself_is_always_accepted(target, real_prompts, ar_
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_random_tiny_draft_model_is_almost_never_accepted(target, real_prompts, ar_outputs, k):
     drafter = sd.DraftModelDrafter(tiny_llama(target.vocab_size, seed=3), target)
-    stats = check_parity(target, real_prompts, ar_outputs, drafter, k)
+    stats = check_parity(target, same_path(real_prompts), same_path(ar_outputs), drafter, k)
     assert stats.draft_acceptance_rate < 0.05
