@@ -32,18 +32,19 @@ from pathlib import Path
 
 from . import job
 
-# method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with
-# the most to gain), the draft model last. Sizes measured on the corpus (Intel Xeon, 2 cores, idle,
-# on-demand features: the target's forward runs at ~480 tokens/s in bf16): EAGLE-3 5.1-5.5 s a step
-# (1,024 rows), ~4.4 h; DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward
-# serves 64 blocks, and the shipped drafter's own runs found these slots the ones worth the LM head's
-# cost), ~1.4 h; the draft model ~1.8 s. DSpark reads the same examples and anchors as DFlash, so the two
-# compare on equal data. DSpark, MTP and the assistant were not timed on the corpus: their counts are
-# estimates from session 3's cached-feature rates. The block drafters draw half their steps from the
-# templated examples (the workloads' kinds, 8 % of the corpus): drawn uniformly, DFlash's first run read
-# ~240 of them, reached twice the shipped drafter's held-out accuracy, and was slower than it on the
-# workloads (0.97x vs 1.04x), so the share of the text a drafter is served is a recipe choice, not a detail. The whole plan is ~10 CPU-hours,
-# several sessions: `start --methods` picks which runs go first.
+# method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with the
+# most to gain), the draft model last. Sizes measured on the corpus (Intel Xeon, 2 cores, idle, on-demand
+# features: the target's forward runs at ~480 tokens/s in bf16): EAGLE-3 5.1-5.5 s a step (1,024 rows), ~4.4 h;
+# DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward serves 64 blocks, and the
+# shipped drafter's own runs found these slots the ones worth the LM head's cost), ~1.4 h; the draft model
+# ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran ~9x slower:
+# ~4.5 s per held-out answer). DSpark reads the same examples and anchors as DFlash, so the two compare on equal
+# data. DSpark, MTP and the assistant were not timed on the corpus: their counts are estimates from session 3's
+# cached-feature rates. The block drafters draw half their steps from the templated examples (the workloads'
+# kinds, 8 % of the corpus): drawn uniformly, DFlash's first run read ~240 of them, reached twice the shipped
+# drafter's held-out accuracy, and was slower than it on the workloads (0.97x vs 1.04x), so the share of the
+# text a drafter is served is a recipe choice, not a detail. The whole plan is ~10 CPU-hours, several sessions:
+# `start --methods` picks which runs go first.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
                "--eval-every", "250"],
