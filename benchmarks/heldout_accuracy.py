@@ -12,8 +12,8 @@ and the shipped one it might replace are scored alike, on the same examples:
 * dflash, dspark: train/dflash.evaluate, teacher-forced top-1 of each block
   slot (every earlier slot given right) at fixed anchors, on taps of the bf16
   target (one target forward per held-out example, the slow part);
-* draft_model: teacher-forced top-1 agreement with the target's greedy
-  answers, what train/draft_model.evaluate reports (no target forward).
+* draft_model: train/draft_model.agreement, teacher-forced top-1 agreement
+  with the target's greedy answers, what its evaluate logs (no target forward).
 
 The split is by prompt source (data.prompt_source): the corpus is mostly
 Magpie requests, the benchmark's workloads are the templated kinds, and a
@@ -37,7 +37,7 @@ from specdec_learn.drafters.dflash import load_dflash
 from specdec_learn.drafters.dspark import load_dspark
 from specdec_learn.models import load_hf
 from specdec_learn.target import load
-from specdec_learn.train import dflash, dspark
+from specdec_learn.train import dflash, draft_model, dspark
 from specdec_learn.train.data import OnDemand, prompt_source, training_data, training_split
 
 
@@ -83,36 +83,16 @@ def score_block_drafters(method: str, folders: list[str], target, limit: int | N
     return results, held_out
 
 
-@torch.no_grad()
-def greedy_agreement(model, examples) -> dict:
-    """Teacher-forced top-1 agreement with the target's greedy answers, overall and per source -> {"acc": [a], ...}.
-
-    Position t is scored where token t+1 is a response token, as the trainer's
-    Student.loss does; sampled answers are skipped (their tokens are often not
-    the target's argmax).
-    """
-    hits: dict[str, float] = {}
-    total: dict[str, int] = {}
-    for ex in examples:
-        if ex.variant != "greedy":
-            continue
-        ids, mask = torch.tensor(ex.input_ids), torch.tensor(ex.loss_mask)
-        logits = model(input_ids=ids[None]).logits[0]  # [T, V]
-        rows = mask[1:].nonzero().squeeze(-1)  # position t predicts ids[t + 1], a response token
-        right = int((logits[rows].argmax(-1) == ids[rows + 1]).sum())
-        for key in ("acc", f"acc_{prompt_source(ex.id)}"):
-            hits[key] = hits.get(key, 0) + right
-            total[key] = total.get(key, 0) + len(rows)
-    return {key: [round(hits[key] / max(total[key], 1), 4)] for key in hits}
-
-
 def score_draft_models(folders: list[str], target_name: str, limit: int | None) -> tuple[dict, list]:
     """{folder: {"acc": [a], "acc_<source>": [a]}} for draft-model folders (fp32), and the examples scored."""
     held_out = per_source(training_split(target_name)[1], limit)
     results = {}
     for folder in folders:
         model, _ = load_hf(str(complete(folder, target_name)), dtype="fp32", device="cpu")
-        results[folder] = greedy_agreement(model.eval(), held_out)
+        model.eval()
+        with torch.no_grad():
+            results[folder] = draft_model.agreement(
+                lambda ids, rows: model(input_ids=ids[None]).logits[0, rows], held_out)
     return results, held_out
 
 

@@ -96,8 +96,8 @@ def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: 
     return Target(tiny_llama(vocab_size, seed=seed, hidden=hidden, layers=layers), None, name="tiny-llama")
 
 
-# A drafter that is never right (random weights) or always right (the target itself) takes the same path
-# every round, whatever the text, so four of the real prompts cover it: one per workload and the one that
+# A drafter that is almost never right (random weights) or always right (the target itself) takes nearly
+# the same path every round, whatever the text, so four of the real prompts cover it: one per workload and the one that
 # stops at EOS. Drafters that are right some of the time (n-gram, suffix, the shipped ones) get all ten.
 SAME_PATH_PROMPTS = (0, 3, 6, 9)
 

@@ -8,18 +8,24 @@ from transformers import AutoModelForCausalLM
 
 from conftest import check_parity, tiny_target, training_ids
 from specdec_learn.checkpoints import materialize, shipped, write_draft_delta
-from specdec_learn.train.draft_model import Student, student_config, train
+from specdec_learn.train.data import Example
+from specdec_learn.train.draft_model import Student, agreement, student_config, train
+from specdec_learn.train.magpie import PREFIX as MAGPIE
 from specdec_learn.zoo import make_drafter
 
 
-def write_dataset(folder, vocab_size: int, n: int = 24, seed: int = 0):
-    """Tiny examples in the shared pipeline's format: counting (t -> t + 1), which a student learns fast."""
+def write_dataset(folder, vocab_size: int, n: int = 24, seed: int = 0, magpie: int = 0):
+    """Tiny examples in the shared pipeline's format: counting (t -> t + 1), which a student learns fast.
+
+    n templated examples of 40 tokens, then `magpie` examples of 20 (Magpie prompt ids).
+    """
     g = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "greedy-000.jsonl", "w") as f:
-        for example_id in training_ids("tiny", n):
+        for example_id, length in [(i, 40) for i in training_ids("tiny", n)] + [
+                (i, 20) for i in training_ids(MAGPIE.rstrip("/"), magpie)]:
             start = int(torch.randint(3, vocab_size - 8, (1,), generator=g))
-            ids = [(start + j) % vocab_size for j in range(40)]
+            ids = [(start + j) % vocab_size for j in range(length)]
             f.write(json.dumps({"id": example_id, "input_ids": ids, "num_prompt_tokens": 8}) + "\n")
 
 
@@ -34,6 +40,32 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     _, run = train(target, steps=70, batch=4, lr=2e-2, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
                    log=lambda line: None, **shape)
     assert run.steps == 70 and run.resumed_from == 60  # continued from the saved state, not from zero
+
+
+def test_agreement_scores_next_response_tokens_of_greedy_answers_per_source():
+    # a "model" that always predicts token 5: right exactly where the next response token is 5
+    def always_5(ids, rows):
+        return torch.nn.functional.one_hot(torch.full((len(rows),), 5), 8).float()  # [r, V]
+
+    prompt = [1, 2]  # masked: never scored, even where the next token is 5
+    examples = [
+        Example(MAGPIE + "a", prompt + [5, 5, 3], [False, False, True, True, True]),  # 2 of 3 right
+        Example("humaneval/7", [5] + prompt + [5], [False, False, False, True]),  # 1 of 1 right
+        Example("gsm8k/3", prompt + [3, 3], [False, False, True, True]),  # 0 of 2 right
+        Example("gsm8k/3", prompt + [5, 5], [False, False, True, True], variant="T0.8s1"),  # sampled: skipped
+    ]
+    assert agreement(always_5, examples) == {"acc": [0.5], "acc_magpie": [0.6667], "acc_templated": [0.3333]}
+
+
+
+@pytest.mark.parametrize("share,length", [(1.0, 40), (0.0, 20)])
+def test_a_templated_share_picks_the_examples_each_step_reads(tmp_path, share, length):
+    target = tiny_target(vocab_size=64, hidden=32)
+    write_dataset(tmp_path / "data", 64, n=20, magpie=20)  # templated answers are 40 tokens, Magpie ones 20
+    _, run = train(target, steps=6, batch=4, work_dir=tmp_path / "work", data_dir=tmp_path / "data",
+                   templated_share=share, log=lambda line: None, progress=False,
+                   hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32)
+    assert run.tokens == 6 * 4 * length  # every example read came from the one source the share allows
 
 
 def test_shipped_format_materializes_to_the_same_model(tmp_path):

@@ -13,11 +13,13 @@ SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "
           "--no-progress"]
 OWN = {  # each method's own flags: no other method accepts them unless it has its own flag of that name
     "eagle3": ["--dtype", "--draft-vocab", "--ttt-steps", "--tokens-per-batch"],
-    "dflash": ["--dtype", "--layers", "--block-size", "--anchors", "--gamma", "--loss-slots"],
-    "dspark": ["--dtype", "--layers", "--block-size", "--markov-rank", "--anchors", "--gamma"],
+    "dflash": ["--dtype", "--layers", "--block-size", "--anchors", "--gamma", "--loss-slots",
+               "--templated-share"],
+    "dspark": ["--dtype", "--layers", "--block-size", "--markov-rank", "--anchors", "--gamma",
+               "--templated-share"],
     "mtp": ["--depth", "--beta", "--max-rows"],
     "gemma4_mtp": ["--depth", "--beta", "--anchors", "--hidden-size", "--layers"],
-    "draft_model": ["--batch", "--hidden", "--layers"],
+    "draft_model": ["--batch", "--hidden", "--layers", "--templated-share"],
 }
 DATA = ["--target", "--dtype", "--device", "--data-dir", "--budget-min", "--backend", "--temperature",
         "--max-new-tokens", "--batch-size", "--seed", "--no-progress"]

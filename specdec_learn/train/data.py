@@ -288,6 +288,13 @@ def source_weights(examples: list[Example], templated_share: float) -> torch.Ten
     return torch.tensor([share[bool(t)] / counts[bool(t)] for t in templated])
 
 
+def add_share_argument(p) -> None:
+    """--templated-share, for the trainers that draw their examples by prompt source (`source_weights`)."""
+    p.add_argument("--templated-share", type=float, default=None,
+                   help="fraction of steps that read an answer to a templated prompt (the workloads' kinds), "
+                        "the rest Magpie (default: every example equally likely)")
+
+
 def split_examples(examples: list[Example], eval_fraction: float = 0.05) -> tuple[list[Example], list[Example]]:
     """(train, eval) split by prompt id (all variants of a prompt on the same side), stable across runs."""
     def is_eval(ex):

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
-from .data import prompt_source, source_weights, training_data, work_dir_for
+from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 # --- the blocks of one example --------------------------------------------------
@@ -289,12 +289,6 @@ def add_arguments(p) -> None:
     p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-(k-1)/gamma)")
     p.add_argument("--loss-slots", type=int, default=None, help="train slots 1..N only (default: the whole block)")
     add_share_argument(p)
-
-
-def add_share_argument(p) -> None:
-    p.add_argument("--templated-share", type=float, default=None,
-                   help="fraction of steps that read an answer to a templated prompt (the workloads' kinds), "
-                        "the rest Magpie (default: every example equally likely)")
 
 
 def cli(args, command: str) -> Path:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..checkpoints import shipped_folder, write_draft_delta
-from .data import training_data, work_dir_for
+from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
 from .loop import RECIPE, Budget, Run, export as export_folder, recipe, train_loop
 from .projected import ProjectedTable, principal_directions
 
@@ -68,27 +68,52 @@ class Student(torch.nn.Module):
         self.llama.model.embed_tokens = None  # never used: the table is E_target · P, built each step
         self.llama.lm_head = None
 
+    def logits(self, ids: torch.Tensor, rows: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [r, V] at positions `rows` of `ids` [T] (only those rows meet the table)."""
+        h = self.llama.model(inputs_embeds=F.embedding(ids, table)[None]).last_hidden_state[0]  # [T, d]
+        return h[rows] @ table.T  # [r, V]
+
     def loss(self, ids: torch.Tensor, mask: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Cross-entropy of the next token on response positions; -> (loss, top-1 accuracy)."""
-        h = self.llama.model(inputs_embeds=F.embedding(ids, table)[None]).last_hidden_state[0]  # [T, d]
-        rows = mask[1:].nonzero().squeeze(-1)  # position t predicts ids[t+1], a response token
-        logits = h[rows] @ table.T  # [r, V]
-        labels = ids[rows + 1]
+        rows = response_rows(mask)
+        logits, labels = self.logits(ids, rows, table), ids[rows + 1]  # [r, V], [r]
         return F.cross_entropy(logits, labels), float((logits.argmax(-1) == labels).float().mean())
 
 
-@torch.no_grad()
-def evaluate(student: Student, examples) -> float:
-    """Held-out teacher-forced top-1 agreement with the target's greedy answers (~ first-draft acceptance)."""
-    table, hits, total = student.table(), 0.0, 0
+def response_rows(mask: torch.Tensor) -> torch.Tensor:
+    """Positions t [r] whose next token ids[t+1] is a response token: where the loss and the score read."""
+    return mask[1:].nonzero().squeeze(-1)
+
+
+def agreement(next_logits, examples) -> dict:
+    """Teacher-forced top-1 agreement with the target's greedy answers, overall and per prompt source.
+
+    next_logits(ids [T], rows [r]) -> logits [r, V] of any model with the
+    target's tokenizer: the student in training, a saved folder in
+    benchmarks/heldout_accuracy.py, so both are scored alike. Sampled answers
+    are skipped (their tokens are often not the target's argmax). Agreement
+    weighs every response token once (~ first-draft acceptance).
+    -> {"acc": [a], "acc_magpie": [a], "acc_templated": [a]}
+    """
+    hits: dict[str, int] = {}
+    total: dict[str, int] = {}
     for ex in examples:
-        if ex.variant != "greedy":  # a sampled answer's token is often not the target's argmax
+        if ex.variant != "greedy":
             continue
         ids, mask = torch.tensor(ex.input_ids), torch.tensor(ex.loss_mask)
-        _, acc = student.loss(ids, mask, table)
-        n = int(mask[1:].sum())
-        hits, total = hits + acc * n, total + n
-    return round(hits / max(total, 1), 3)
+        rows = response_rows(mask)
+        right = int((next_logits(ids, rows).argmax(-1) == ids[rows + 1]).sum())
+        for key in ("acc", f"acc_{prompt_source(ex.id)}"):
+            hits[key] = hits.get(key, 0) + right
+            total[key] = total.get(key, 0) + len(rows)
+    return {key: [round(hits[key] / max(total[key], 1), 4)] for key in hits}
+
+
+@torch.no_grad()
+def evaluate(student: Student, examples) -> dict:
+    """The student's held-out agreement (`agreement`), what a training run logs at each evaluation."""
+    table = student.table()
+    return agreement(lambda ids, rows: student.logits(ids, rows, table), examples)
 
 
 # --- training: data -> loss -> the loop ------------------------------------------------------
@@ -96,29 +121,39 @@ def evaluate(student: Student, examples) -> float:
 
 def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_min: float | None = None,
           save_every: int = 25, work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print,
-          eval_every: int | None = None, **shape) -> tuple[Student, Run]:
-    """A narrow student (`student_config(**shape)`) distilled on the target's answers; resumes. -> (Student, Run)."""
+          eval_every: int | None = None, templated_share: float | None = None, **shape) -> tuple[Student, Run]:
+    """A narrow student (`student_config(**shape)`) distilled on the target's answers; resumes. -> (Student, Run).
+
+    templated_share: the fraction of examples drawn from templated prompts (data.source_weights), drawn
+    with replacement; default: every example once per epoch, in a shuffled order.
+    """
     data = training_data(target, data_dir=data_dir, states=False)  # the tokens alone: no target forward
     torch.manual_seed(seed)
     student = Student(target.model.get_input_embeddings().weight.detach(), student_config(target.model.config, **shape))
     order = list(range(len(data.train)))
     random.Random(seed).shuffle(order)
+    weights = None if templated_share is None else source_weights(data.examples, templated_share)  # [N]
+
+    def batch_of(step, generator) -> list[int]:
+        if weights is None:
+            return [order[(step * batch + j) % len(order)] for j in range(batch)]
+        return torch.multinomial(weights, batch, replacement=True, generator=generator).tolist()
 
     def loss(step, generator):
         table = student.table()  # once per step: its backward into P is the step's largest matmul
         total, accs, tokens = 0.0, [], 0
-        for j in range(batch):
-            f = data.train[order[(step * batch + j) % len(order)]]
+        for i in batch_of(step, generator):
+            f = data.train[i]
             value, acc = student.loss(f.ids, f.loss_mask, table)
             total, tokens = total + value / batch, tokens + len(f.ids)
             accs.append(acc)
         return total, {"acc": [sum(accs) / len(accs)], "tokens": tokens}
 
-    config = {"batch": batch, **{k: v for k, v in student.llama.config.to_dict().items()
-                                 if k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                          "num_key_value_heads", "intermediate_size")}}
+    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    config = {"batch": batch, "templated_share": templated_share,
+              **{k: v for k, v in student.llama.config.to_dict().items() if k in shape}}
     run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "draft_model", work_dir),
-                     lr=lr, weight_decay=0.01, evaluate=lambda: {"acc": [evaluate(student, data.held_out)]},
+                     lr=lr, weight_decay=0.01, evaluate=lambda: evaluate(student, data.held_out),
                      save_every=save_every, eval_every=eval_every, log_every=10, seed=seed, config=config, data=data.record,
                      progress=progress, log=log)
     return student, run
@@ -143,6 +178,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, default=8, help="examples per step")
     p.add_argument("--hidden", type=int, default=256, help="the student's width (its MLP is 3x that)")
     p.add_argument("--layers", type=int, default=4, help="the student's decoder layers")
+    add_share_argument(p)
 
 
 def cli(args, command: str) -> Path:
@@ -151,7 +187,8 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype="fp32", device="cpu")  # only its embedding is read, in fp32
     student, run = train(target, args.steps, args.batch, args.lr, args.budget_min, work_dir=args.work_dir,
                          data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress, hidden=args.hidden,
-                         layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every)
+                         layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every,
+                         templated_share=args.templated_share)
     return export(student, target, args.out or shipped_folder("draft_model", target.name), run, command)
 
 

@@ -35,9 +35,8 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dspark import DSparkModel, dspark_config, save_dspark
-from .data import prompt_source, source_weights, training_data, work_dir_for
+from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
 from .dflash import (
-    add_share_argument,
     block_hidden,
     block_labels,
     block_step,
