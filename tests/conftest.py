@@ -97,14 +97,22 @@ def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: 
 
 
 # A drafter that is almost never right (random weights) or always right (the target itself) takes nearly
-# the same path every round, whatever the text, so four of the real prompts cover it: one per workload and the one that
-# stops at EOS. Drafters that are right some of the time (n-gram, suffix, the shipped ones) get all ten.
+# the same path every round, whatever the text, so four of the real prompts cover it: one per workload and
+# the one that stops at EOS. Drafters that are right some of the time (n-gram, suffix, the shipped ones)
+# get all ten at k = FULL_K, where the text decides how much of each block is kept, and the same four at
+# the other k (and in trees): any prompt with partial acceptances exercises a k's rollbacks.
 SAME_PATH_PROMPTS = (0, 3, 6, 9)
+FULL_K = 3
 
 
 def same_path(items: list) -> list:
     """The SAME_PATH_PROMPTS of `real_prompts`, or of its AR outputs (`ar_greedy`)."""
     return [items[i] for i in SAME_PATH_PROMPTS]
+
+
+def prompts_for(k: int, items: list) -> list:
+    """All of `items` (real prompts or their AR outputs) at k = FULL_K, the same_path four at any other k."""
+    return items if k == FULL_K else same_path(items)
 
 
 def check_parity(target, prompts, ar_outputs, drafter, k, max_new_tokens=MAX_NEW):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import check_parity, tiny_target, training_ids
+from conftest import check_parity, prompts_for, tiny_target, training_ids
 from specdec_learn.checkpoints import materialize, shipped, write_draft_delta
 from specdec_learn.train.data import Example
 from specdec_learn.train.draft_model import Student, agreement, student_config, train
@@ -110,7 +110,8 @@ def test_no_shipped_draft_says_what_to_do():
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_shipped_draft_model_is_lossless(target, real_prompts, ar_greedy, k):
-    stats = check_parity(target, real_prompts, ar_greedy, make_drafter("draft_model", target), k)
+    stats = check_parity(target, prompts_for(k, real_prompts), prompts_for(k, ar_greedy),
+                         make_drafter("draft_model", target), k)
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
 
 

@@ -6,13 +6,14 @@ without `embed_tokens`), for a llama-style and a qwen3-style target.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import specdec_learn as sd
-from conftest import check_parity, tiny_llama
+from conftest import check_parity, prompts_for, tiny_llama
 from specdec_learn.drafters.eagle3 import Eagle3Drafter, Eagle3Model, load_eagle3, new_eagle3, save_eagle3
 from specdec_learn.target import Target
 
@@ -292,6 +293,17 @@ def test_drafting_step_by_step_equals_the_training_unroll():
         x = drafter._step(x, [ids[t + 2 + i]], t + 1 + i)
 
 
+@pytest.mark.parametrize("asked", [None, True, False])
+def test_bf16_autocast_follows_the_hardware_unless_asked(asked):
+    from specdec_learn.train.eagle3 import TrainConfig, autocast, bf16_is_native
+
+    cpu = torch.device("cpu")
+    with autocast(TrainConfig(autocast_bf16=asked), cpu):
+        assert torch.is_autocast_enabled("cpu") == (bf16_is_native(cpu) if asked is None else asked)
+    flags = open("/proc/cpuinfo").read() if Path("/proc/cpuinfo").exists() else ""
+    assert bf16_is_native(cpu) == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    assert bf16_is_native(torch.device("cuda"))  # a GPU: always (no GPU needed to ask)
+
 def test_twenty_training_steps_lower_the_loss(tmp_path):
     from specdec_learn.train.data import Example, capture
     from specdec_learn.train.eagle3 import TrainConfig, choose_draft_vocab, fit
@@ -331,7 +343,7 @@ def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, ar_greedy
         drafter = Eagle3Drafter(load_eagle3(shipped("eagle3", target.name), target), target)
     except ValueError:  # nothing shipped yet: a random drafter (test_shipped_drafter_is_small_and_loads fails)
         drafter = Eagle3Drafter(new_eagle3(target, draft_ids=list(range(4096))), target)
-    check_parity(target, real_prompts, ar_greedy, drafter, k)
+    check_parity(target, prompts_for(k, real_prompts), prompts_for(k, ar_greedy), drafter, k)
 
 
 @pytest.mark.slow

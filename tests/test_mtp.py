@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import MAX_NEW, tiny_target
+from conftest import MAX_NEW, same_path, tiny_target
 from transformers import AutoModelForCausalLM
 
 import specdec_learn as sd
@@ -19,7 +19,7 @@ KS = (1, 2, 4, 7)
 def test_mtp_greedy_parity_real_prompts(target, real_prompts, ar_greedy):
     """An untrained Qwen-layout head on SmolLM2 (nearly every draft wrong) reproduces AR, several k."""
     head = random_mtp_head(target, num_layers=1)
-    for i, (prompt, ar) in enumerate(zip(real_prompts, ar_greedy)):
+    for i, (prompt, ar) in enumerate(zip(same_path(real_prompts), same_path(ar_greedy))):
         k = KS[i % len(KS)]
         out = sd.generate(target, prompt, MTPDrafter(head, target), k=k, max_new_tokens=MAX_NEW)
         assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from conftest import MAX_NEW, check_parity, same_path, tiny_llama
+from conftest import MAX_NEW, check_parity, prompts_for, same_path, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_some_prompt_stops_at_eos(target, ar_outputs):
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_ngram_is_lossless(target, real_prompts, ar_outputs, k):
-    stats = check_parity(target, real_prompts, ar_outputs, sd.NgramDrafter(), k)
+    stats = check_parity(target, prompts_for(k, real_prompts), prompts_for(k, ar_outputs), sd.NgramDrafter(), k)
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
 
 

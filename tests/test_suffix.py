@@ -6,7 +6,7 @@ import specdec_learn as sd
 from specdec_learn.drafters.suffix import SuffixTrie, speculate
 from specdec_learn.sampling import Sampling
 
-from conftest import MAX_NEW, check_parity
+from conftest import MAX_NEW, check_parity, prompts_for
 
 
 def test_trie_counts_every_bounded_substring():
@@ -49,7 +49,7 @@ def test_bad_settings_are_refused():
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_suffix_is_lossless(target, real_prompts, ar_greedy, k):
-    stats = check_parity(target, real_prompts, ar_greedy, sd.SuffixDrafter(), k)
+    stats = check_parity(target, prompts_for(k, real_prompts), prompts_for(k, ar_greedy), sd.SuffixDrafter(), k)
     assert stats.num_draft_tokens > 0
 
 

@@ -49,7 +49,9 @@ class TrainConfig:
     eval_every: int = 150  # a held-out pass costs about a tenth of 150 steps
     save_every: int = 50
     seed: int = 0
-    autocast_bf16: bool = True  # bf16 matmuls (weights and AdamW stay fp32): ~1.8x faster on a CPU with AMX
+    # bf16 matmuls (weights and AdamW stay fp32): ~1.8x faster on a CPU with AMX, several times slower on one
+    # without bf16 instructions; None: on where the device has them (`bf16_is_native`)
+    autocast_bf16: bool | None = None
 
 
 # --- draft vocabulary ---------------------------------------------------------------
@@ -202,6 +204,8 @@ def fit(target, model: Eagle3Model, train_feats, eval_feats, cfg: TrainConfig, w
         return evaluate(model, embed, target_head, eval_feats, cfg)
 
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("lr", "weight_decay", "steps", "budget_min", "seed")}
+    if cfg.autocast_bf16 is None:  # the recipe records what this machine chose
+        settings["autocast_bf16"] = bf16_is_native(target_head.device)
     return train_loop(model, loss, Budget(cfg.steps, cfg.budget_min), work_dir, lr=cfg.lr,
                       weight_decay=cfg.weight_decay, evaluate=held_out if eval_feats else None,
                       eval_every=cfg.eval_every, save_every=cfg.save_every, log_every=25, seed=cfg.seed,
@@ -228,8 +232,26 @@ def evaluate(model, embed, target_head, feats: list[Features], cfg: TrainConfig)
     return {"loss": losses / max(n, 1), "acc": accs, "expected_accepted": expected}
 
 
+def bf16_is_native(device) -> bool:
+    """A GPU, or a CPU with bf16 instructions (AVX512-BF16 or AMX, read from /proc/cpuinfo).
+
+    Elsewhere (AVX2 laptops, Apple silicon, many AMD servers) torch emulates bf16
+    matmuls: chapter 11's quick EAGLE-3 run (20 steps, 1 thread, nbval's timing
+    of the cell) took 79 s with autocast on an AMD EPYC with AVX2 and 7 s without.
+    """
+    if device.type != "cpu":
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def autocast(cfg: TrainConfig, device):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+    """bf16 autocast for the step's matmuls, where `cfg.autocast_bf16` asks for it (None: where it is native)."""
+    enabled = bf16_is_native(device) if cfg.autocast_bf16 is None else cfg.autocast_bf16
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 # --- training: data -> vocabulary -> features -> loss -> the loop ---------------------------------
