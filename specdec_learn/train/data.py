@@ -291,7 +291,7 @@ def source_weights(examples: list[Example], templated_share: float) -> torch.Ten
 def add_share_argument(p) -> None:
     """--templated-share, for the trainers that draw their examples by prompt source (`source_weights`)."""
     p.add_argument("--templated-share", type=float, default=None,
-                   help="fraction of steps that read an answer to a templated prompt (the workloads' kinds), "
+                   help="fraction of the examples read that answer a templated prompt (the workloads' kinds), "
                         "the rest Magpie (default: every example equally likely)")
 
 
