@@ -57,7 +57,6 @@ def test_agreement_scores_next_response_tokens_of_greedy_answers_per_source():
     assert agreement(always_5, examples) == {"acc": [0.5], "acc_magpie": [0.6667], "acc_templated": [0.3333]}
 
 
-
 @pytest.mark.parametrize("share,length", [(1.0, 40), (0.0, 20)])
 def test_a_templated_share_picks_the_examples_each_step_reads(tmp_path, share, length):
     target = tiny_target(vocab_size=64, hidden=32)

@@ -304,6 +304,7 @@ def test_bf16_autocast_follows_the_hardware_unless_asked(asked):
     assert bf16_is_native(cpu) == ("avx512_bf16" in flags or "amx_bf16" in flags)
     assert bf16_is_native(torch.device("cuda"))  # a GPU: always (no GPU needed to ask)
 
+
 def test_twenty_training_steps_lower_the_loss(tmp_path):
     from specdec_learn.train.data import Example, capture
     from specdec_learn.train.eagle3 import TrainConfig, choose_draft_vocab, fit

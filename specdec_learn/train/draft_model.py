@@ -149,9 +149,9 @@ def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_mi
             accs.append(acc)
         return total, {"acc": [sum(accs) / len(accs)], "tokens": tokens}
 
-    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
     config = {"batch": batch, "templated_share": templated_share,
-              **{k: v for k, v in student.llama.config.to_dict().items() if k in shape}}
+              **{k: v for k, v in student.llama.config.to_dict().items() if k in sizes}}
     run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "draft_model", work_dir),
                      lr=lr, weight_decay=0.01, evaluate=lambda: evaluate(student, data.held_out),
                      save_every=save_every, eval_every=eval_every, log_every=10, seed=seed, config=config, data=data.record,

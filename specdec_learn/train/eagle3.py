@@ -23,6 +23,7 @@ Resumable (train/loop.py: the state and the draft vocabulary live under
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -239,8 +240,12 @@ def bf16_is_native(device) -> bool:
     matmuls: chapter 11's quick EAGLE-3 run (20 steps, 1 thread, nbval's timing
     of the cell) took 79 s with autocast on an AMD EPYC with AVX2 and 7 s without.
     """
-    if device.type != "cpu":
-        return True
+    return device.type != "cpu" or cpu_has_bf16()
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Read once per process: autocast asks every step."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux
