@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -38,6 +36,7 @@ from specdec_learn.drafters.dspark import load_dspark
 from specdec_learn.models import load_hf
 from specdec_learn.target import load
 from specdec_learn.train import dflash, draft_model, dspark
+from specdec_learn.train.corpus import write_atomic
 from specdec_learn.train.data import OnDemand, prompt_source, training_data, training_split
 
 
@@ -123,10 +122,7 @@ def main() -> None:
                   "results": results}
         if args.method != "draft_model":
             record["anchors_per_example"] = dflash.EVAL_ANCHORS
-        out = Path(args.json)
-        with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as tmp:
-            json.dump(record, tmp, indent=1)
-        os.replace(tmp.name, out)
+        write_atomic(Path(args.json), (json.dumps(record, indent=1) + "\n").encode())
 
 
 if __name__ == "__main__":
