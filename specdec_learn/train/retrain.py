@@ -44,9 +44,10 @@ from . import job
 # examples (the workloads' kinds, 8 % of the corpus): drawn uniformly, DFlash's first run read ~240 of them,
 # reached twice the shipped drafter's held-out accuracy, and was slower than it on the workloads (0.97x vs
 # 1.04x); the draft model's uniform run agreed with the target more than the shipped one overall (0.38 vs
-# 0.25 held out) but less on the templated answers (0.31 vs 0.39). The share of the text a drafter is served
-# is a recipe choice, not a detail. The whole plan is ~10 CPU-hours, several sessions:
-# `start --methods` picks which runs go first.
+# 0.25 held out) but less on the templated answers (0.31 vs 0.39); with half its draws templated, the same 700
+# steps gave 0.44 vs 0.39 there and 1.63 vs 1.50 tokens a round at k = 2 on the workloads (AMD EPYC,
+# benchmarks/results/retrain/). The share of the text a drafter is served is a recipe choice, not a detail.
+# The whole plan is ~10 CPU-hours, several sessions: `start --methods` picks which runs go first.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
                "--eval-every", "250"],
