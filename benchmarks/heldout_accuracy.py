@@ -33,10 +33,10 @@ import torch
 from specdec_learn.checkpoints import complete
 from specdec_learn.drafters.dflash import load_dflash
 from specdec_learn.drafters.dspark import load_dspark
+from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.models import load_hf
 from specdec_learn.target import load
 from specdec_learn.train import dflash, draft_model, dspark
-from specdec_learn.train.corpus import write_atomic
 from specdec_learn.train.data import OnDemand, prompt_source, training_data, training_split
 
 
@@ -122,7 +122,7 @@ def main() -> None:
                   "results": results}
         if args.method != "draft_model":
             record["anchors_per_example"] = dflash.EVAL_ANCHORS
-        write_atomic(Path(args.json), (json.dumps(record, indent=1) + "\n").encode())
+        write_text_atomic(args.json, json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
