@@ -26,8 +26,8 @@ Keeping that invariant after a rejection means taking the rejected drafts back
 out of the cache. How depends on the kind of layer (the bottom of this file):
 full attention crops; sliding-window attention crops too, once told to keep
 its past (`record_past`); linear attention (Qwen3.5, Qwen3-Next) cannot be
-cropped at all, so verify snapshots its state and commit replays the accepted
-rows (`LinearState`, `Target.commit`).
+cropped before transformers 5.25, so verify snapshots its state and commit
+replays the accepted rows (`LinearState`, `Target.commit`).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Target:
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
         shape = {}
         if tree is not None:
-            past = state.cache.get_seq_length()
+            past = cached_length(state.cache)
             shape = dict(attention_mask=tree_mask(tree, past, self.dtype, self.device),  # [1, 1, n, past + n]
                          position_ids=tree_positions(tree, past, self.device))  # [1, n]
         with self._tapping(taps) as hidden:
@@ -365,10 +365,13 @@ def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 #   works (generation/utils.py `_assisted_decoding`: `cache.activate_past_recording()`
 #   before the loop, `crop(-rejected)` after every verify, including zero).
 # * linear attention (LinearAttentionLayer, Qwen3.5, Qwen3-Next): a conv state
-#   and a recurrent state that every token is folded into. Past recording
-#   helps the conv state only; the recurrent state cannot be cropped (HF
-#   refuses assisted decoding on these models: `_is_stateful`). We snapshot
-#   and replay instead (`LinearState`, `Target.commit`).
+#   and a recurrent state that every token is folded into. Up to transformers
+#   5.24, past recording helps the conv state only; the recurrent state cannot
+#   be cropped (HF refuses assisted decoding on these models: `_is_stateful`).
+#   We snapshot and replay instead (`LinearState`, `Target.commit`), which
+#   works on every release in range. 5.25 can crop it: with
+#   `activate_past_recording(recurrent_states_to_keep=n)` the layer keeps the
+#   state after each of the last n positions, as vLLM's kernels do.
 
 # The attention kinds Target rolls back. Llama 4's "chunked_attention" uses the sliding
 # cache class too but is not tested here, so it is refused rather than trusted.
@@ -416,6 +419,17 @@ def keeps_every_position(config) -> bool:
     return not any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers)
 
 
+def cached_length(cache: DynamicCache) -> int:
+    """How many positions `cache` holds, as a plain int.
+
+    Up to transformers 5.24 the cache reads this from its first attention
+    layer. Since 5.25 it asks layer 0 whatever its kind, and a linear-attention
+    layer answers with its own token count: a 0-d tensor that later forwards
+    update in place, so a length kept without int() would change under you.
+    """
+    return int(cache.get_seq_length())
+
+
 def record_past(cache: DynamicCache) -> None:
     """Let the sliding-window layers of `cache` be cropped past their window (see above).
 
@@ -433,13 +447,17 @@ def crop_cache(cache: DynamicCache, keep: int) -> None:
 
     A recording sliding-window layer is cropped even when nothing is dropped:
     crop(0) trims what it kept back to its window (HF's assisted decoding
-    calls it every round for the same reason). Linear-attention layers are
-    skipped: they hold no positions (Target.commit rolls them back).
+    calls it every round for the same reason). Layers that hold no positions
+    are skipped: linear-attention ones (Target.commit rolls them back) and the
+    placeholders of Gemma 4's KV-shared layers (transformers >= 5.24's
+    DummyLayer, whose keys stay None).
     """
-    extra = max(cache.get_seq_length() - keep, 0)
     for layer in cache.layers:
-        if is_linear(layer) or not layer.is_initialized:
+        if is_linear(layer) or not layer.is_initialized or layer.keys is None:
             continue
+        # each layer's own length: since transformers 5.25 the cache's get_seq_length() reads layer 0,
+        # which on a hybrid model may be a linear layer that Target.commit has already rolled back
+        extra = max(int(layer.get_seq_length()) - keep, 0)
         if extra or getattr(layer, "record_past", False):
             layer.crop(-extra)  # a negative count removes that many positions from the end
 
@@ -469,18 +487,22 @@ class LinearState:
     The fields copied are those of transformers 5.19's
     ``LinearAttentionCacheLayerMixin`` (cache_utils.py): per state index a
     conv state [1, conv_dim, kernel] and a recurrent state [1, heads, d_k, d_v],
-    and the flags saying which exist. Tensors are cloned: the model updates
-    them in place.
+    and the flags saying which exist. Since 5.25 the layer also counts the
+    tokens it has folded in (``cumulative_length_linear``, a 0-d tensor), and
+    the cache's ``get_seq_length()`` reads that count when layer 0 is linear:
+    it is copied too, or after a rollback the cache would claim the rejected
+    drafts. Tensors are cloned: the model updates them in place.
     """
 
     layers: dict[int, dict]  # layer index -> {field: value}
 
     FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized",
-              "is_recurrent_states_initialized", "has_previous_state", "conv_kernel_size")
+              "is_recurrent_states_initialized", "has_previous_state", "conv_kernel_size",
+              "cumulative_length_linear")  # the last one: transformers >= 5.25 only
 
     @classmethod
     def take(cls, cache: DynamicCache) -> LinearState:
-        return cls({i: {f: _copied(getattr(layer, f)) for f in cls.FIELDS}
+        return cls({i: {f: _copied(getattr(layer, f)) for f in cls.FIELDS if hasattr(layer, f)}
                     for i, layer in enumerate(cache.layers) if is_linear(layer)})
 
     def restore(self, cache: DynamicCache) -> None:
@@ -491,8 +513,11 @@ class LinearState:
         self.layers = {}
 
 
-def _copied(per_state: dict) -> dict:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in per_state.items()}
+def _copied(value):
+    """A copy of one field: a dict per state index (of tensors or flags), or a tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
 
 
 @dataclass

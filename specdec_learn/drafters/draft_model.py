@@ -35,7 +35,8 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import LinearState, crop_cache, is_linear, keeps_every_position, pack_single_rows, record_past
+from ..target import (LinearState, cached_length, crop_cache, is_linear, keeps_every_position, pack_single_rows,
+                      record_past)
 from ..tree import additive, ancestor_mask, dynamic_tree
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
@@ -85,11 +86,11 @@ class DraftModelDrafter(Drafter):
         That is the whole prompt at first, afterwards the target's own token
         (after a chain) or the accepted path and the target's token (after a tree).
         """
-        logits = self._step(state.ids[self.cache.get_seq_length() :])
+        logits = self._step(state.ids[cached_length(self.cache) :])
         # Everything in the cache is committed now; what follows may be rejected.
         record_past(self.cache)
         if any(is_linear(layer) for layer in self.cache.layers):
-            self.committed, self.committed_len = LinearState.take(self.cache), self.cache.get_seq_length()
+            self.committed, self.committed_len = LinearState.take(self.cache), cached_length(self.cache)
         return logits
 
     def propose(self, state, k, sampling, generator) -> Proposal:
@@ -118,7 +119,7 @@ class DraftModelDrafter(Drafter):
         verifier treats them as one-hot (verify.py), which keeps it lossless.
         """
         root = self._catch_up(state).float().softmax(-1)  # [V]
-        self.tree_base = self.cache.get_seq_length()  # = len(state.ids): `last` is in the cache
+        self.tree_base = cached_length(self.cache)  # = len(state.ids): `last` is in the cache
         rows: dict[int, int] = {}  # node -> its row in the draft cache
 
         def step(run, tokens, parents, depth):
@@ -130,7 +131,7 @@ class DraftModelDrafter(Drafter):
     def _tree_step(self, run, tokens, parents, rows, depth) -> torch.Tensor:
         """Run the nodes `run` (all at `depth`) after the cache, side by side -> their next-token logits [n, V]."""
         device, dtype = self.model.device, self.model.dtype
-        past = self.cache.get_seq_length()
+        past = cached_length(self.cache)
         rows.update({c: past + i for i, c in enumerate(run)})
         sees = ancestor_mask(run, parents, rows, past + len(run), device)  # [n, past + n]
         sees[:, : self.tree_base] = True  # every committed token
