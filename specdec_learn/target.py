@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
@@ -182,7 +184,7 @@ class Target:
         with self._tapping(taps) as hidden:
             out = self.model(
                 input_ids=input_ids,
-                past_key_values=state.cache,
+                **cache_arg(state.cache),
                 use_cache=True,
                 **shape,
                 # a slice, not an int: given an int, transformers 5.24 runs Gemma 4's KV-shared layers
@@ -274,7 +276,8 @@ class Target:
         """Put every linear layer back where the first `rows` verified rows leave it."""
         rollback.before.restore(state.cache)
         for i, mixer in self.mixers.items():
-            mixer(hidden_states=rollback.inputs[i][:, :rows], cache_params=state.cache)  # [1, rows, H]
+            rows_in = rollback.inputs[i][:, :rows]  # [1, rows, H]
+            mixer(hidden_states=rows_in, **cache_arg(state.cache, old="cache_params"))
 
     @contextmanager
     def _keeping_mixer_inputs(self, inputs: dict[int, torch.Tensor]):
@@ -417,6 +420,16 @@ def keeps_every_position(config) -> bool:
     """
     layers = DynamicCache(config=config).layers
     return not any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers)
+
+
+# transformers 5.25 renamed the cache argument of every forward (`past_key_values`, and the linear-attention
+# mixers' `cache_params`) to `cache`; the old names warn until 5.40 removes them, and 5.19 knows only those.
+CACHE_RENAMED = Version(transformers.__version__).release >= (5, 25)
+
+
+def cache_arg(cache: DynamicCache, old: str = "past_key_values") -> dict:
+    """{keyword: cache} for a forward call, in the name the installed transformers reads."""
+    return {"cache" if CACHE_RENAMED else old: cache}
 
 
 def cached_length(cache: DynamicCache) -> int:

@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import (LinearState, cached_length, crop_cache, is_linear, keeps_every_position, pack_single_rows,
-                      record_past)
+from ..target import (LinearState, cache_arg, cached_length, crop_cache, is_linear, keeps_every_position,
+                      pack_single_rows, record_past)
 from ..tree import additive, ancestor_mask, dynamic_tree
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
@@ -77,7 +77,7 @@ class DraftModelDrafter(Drafter):
     def _step(self, tokens: list[int]) -> torch.Tensor:
         """Run `tokens` after the draft cache; -> next-token logits [V] of the last one."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, **cache_arg(self.cache), use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def _catch_up(self, state) -> torch.Tensor:
@@ -138,7 +138,7 @@ class DraftModelDrafter(Drafter):
         mask = additive(sees, dtype)
         ids = torch.tensor([[tokens[c] for c in run]], dtype=torch.long, device=device)  # [1, n]
         positions = torch.full((1, len(run)), self.tree_base + depth - 1, dtype=torch.long, device=device)  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=ids, **cache_arg(self.cache), use_cache=True,
                          attention_mask=mask[None, None], position_ids=positions)  # mask [1, 1, n, past + n]
         return out.logits[0]
 

@@ -57,7 +57,7 @@ from ..formats import mtp as names
 from ..formats.io import read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
-from ..target import crop_cache
+from ..target import cache_arg, crop_cache
 from ..tree import additive
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
@@ -87,7 +87,7 @@ class MTPStep(nn.Module):
         Training scores a sample of the rows, so it applies `head` to those alone.
         """
         x = self.proj(torch.cat([self.enorm(e), self.hnorm(h)], dim=-1))  # [1, n, 2H] -> [1, n, H]
-        x = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, past_key_values=cache)
+        x = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, **cache_arg(cache))
         out = self.out_norm(x)
         return out, (out if self.feed_back_normed else x)
 
