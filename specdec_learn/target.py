@@ -39,7 +39,6 @@ from functools import cached_property
 
 import torch
 import transformers
-from packaging.version import Version
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
@@ -424,7 +423,7 @@ def keeps_every_position(config) -> bool:
 
 # transformers 5.25 renamed the cache argument of every forward (`past_key_values`, and the linear-attention
 # mixers' `cache_params`) to `cache`; the old names warn until 5.40 removes them, and 5.19 knows only those.
-CACHE_RENAMED = Version(transformers.__version__).release >= (5, 25)
+CACHE_RENAMED = tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 25)
 
 
 def cache_arg(cache: DynamicCache, old: str = "past_key_values") -> dict:
