@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from .decode import generate
 from .formats.io import write_text_atomic
+from .limits import cpu_has_bf16
 from .sampling import GREEDY, Sampling
 from .stats import Stats
 from .target import Target
@@ -206,6 +207,7 @@ def machine_info(target: Target | None = None) -> dict:
     info = {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

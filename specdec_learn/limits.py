@@ -22,9 +22,27 @@ drafting gives L = k + 1 and c = T(k+1)/T(1), the verify pass alone.
 
 from __future__ import annotations
 
+import functools
 import time
+from pathlib import Path
 
 import torch
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), read once from /proc/cpuinfo.
+
+    Without them torch emulates bf16 matmuls, several times slower, and two
+    hosts that both call themselves "AMD EPYC" may differ in exactly this.
+    Results files record it (bench.machine_info); EAGLE-3's trainer
+    autocasts only where it holds.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def read_bandwidth(mbytes: int = 512, repeats: int = 5, device: str = "cpu") -> float:

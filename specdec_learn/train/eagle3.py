@@ -23,7 +23,6 @@ Resumable (train/loop.py: the state and the draft vocabulary live under
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
+from ..limits import cpu_has_bf16
 from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
 from .data import Example, Features, lengths, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
@@ -242,15 +242,6 @@ def bf16_is_native(device) -> bool:
     """
     return device.type != "cpu" or cpu_has_bf16()
 
-
-@functools.cache
-def cpu_has_bf16() -> bool:
-    """Read once per process: autocast asks every step."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def autocast(cfg: TrainConfig, device):
