@@ -30,18 +30,18 @@ import torch
 
 
 @functools.cache
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), read once from /proc/cpuinfo.
+def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), read from /proc/cpuinfo; None where it can't be read.
 
     Without them torch emulates bf16 matmuls, several times slower, and two
     hosts that both call themselves "AMD EPYC" may differ in exactly this.
-    Results files record it (bench.machine_info); EAGLE-3's trainer
-    autocasts only where it holds.
+    Results files record it (bench.machine_info: None says "not known", on
+    macOS for one); EAGLE-3's trainer autocasts only where it is True.
     """
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path(cpuinfo).read_text()
     except OSError:  # not Linux
-        return False
+        return None
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

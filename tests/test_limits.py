@@ -3,7 +3,8 @@
 import pytest
 from conftest import tiny_llama
 
-from specdec_learn.limits import ar_ceiling, matmul_weights, predicted_speedup, read_bandwidth, weight_bytes
+from specdec_learn.limits import (ar_ceiling, cpu_has_bf16, matmul_weights, predicted_speedup, read_bandwidth,
+                                  weight_bytes)
 from specdec_learn.stats import Round, Stats
 from specdec_learn.target import Target
 
@@ -40,3 +41,13 @@ def test_matmul_weights_counts_matrices_only():
     layer = 32 * 32 + 2 * (32 * 16) + 32 * 32 + 3 * (32 * 64)  # q, k and v, o, gate/up/down
     assert matmul_weights(model.model.layers) == 2 * layer  # norms (1-D) excluded
     assert matmul_weights(model.lm_head) == 64 * 32
+
+
+def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path):
+    found = []
+    for i, flags in enumerate(["fpu avx2 avx512f", "fpu avx2 avx512f avx512_bf16", "fpu amx_bf16 amx_tile"]):
+        cpuinfo = tmp_path / f"cpuinfo{i}"  # one file each: the answer is cached per path
+        cpuinfo.write_text(f"flags\t\t: {flags}\n")
+        found.append(cpu_has_bf16(cpuinfo))
+    assert found == [False, True, True]
+    assert cpu_has_bf16(tmp_path / "absent") is None  # macOS has no /proc/cpuinfo: not known, not False

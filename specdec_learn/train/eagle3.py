@@ -240,7 +240,7 @@ def bf16_is_native(device) -> bool:
     matmuls: chapter 11's quick EAGLE-3 run (20 steps, 1 thread, nbval's timing
     of the cell) took 79 s with autocast on an AMD EPYC with AVX2 and 7 s without.
     """
-    return device.type != "cpu" or cpu_has_bf16()
+    return device.type != "cpu" or cpu_has_bf16() is True  # None: not known, so not assumed
 
 
 
