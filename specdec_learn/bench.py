@@ -1,9 +1,11 @@
 """Benchmarks: methods x k over a workload, side by side in one run.
 
-Everything here is measured in the same process, on the same prompts, right
-after one another, and reported as ratios against the autoregressive (AR)
-baseline of the same run. Absolute tokens/s depend on the machine and on what
-else it is doing; the ratio is what carries over.
+Everything here is measured in the same process, on the same prompts, and
+reported as ratios against the autoregressive (AR) baseline of the same run.
+The runs take turns prompt by prompt (AR on prompt 1, then every method on
+prompt 1, then prompt 2, ...), so a machine whose speed drifts over minutes
+slows them all alike. Absolute tokens/s depend on the machine and on what else
+it is doing; the ratio is what carries over.
 
 For each (method, k) the record holds vLLM's acceptance metrics (see
 stats.py), the throughput, the speedup over AR, and `greedy_match`: the
@@ -107,6 +109,11 @@ def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, se
         outputs.append(out.tokens)
         if progress is not None:
             progress.update(1)
+    return record_of(method, drafter, k, tree, draft_vocab, stats, outputs)
+
+
+def record_of(method, drafter, k, tree, draft_vocab, stats: Stats, outputs: list) -> Record:
+    """The Record of one run: a tree is filed under its depth, AR (no drafter) under k = 0."""
     k = tree.depth if tree is not None else k
     return Record(method, k if drafter is not None else 0, stats, outputs, tree=tree, draft_vocab=draft_vocab)
 
@@ -125,7 +132,8 @@ def bench(
     draft_vocabs: list[int] = (),
     others: list[tuple[str, str]] = (),
 ) -> list[Record]:
-    """Run AR once and every other method at every k (and every tree); fill in speedup and greedy match.
+    """Run AR and every other method at every k (and every tree), taking turns prompt by prompt; fill in
+    speedup and greedy match.
 
     ks: the same draft lengths for every method, or {method: its draft lengths}.
     trees: token trees to run too, after each method's chains (drafters that branch only).
@@ -157,23 +165,39 @@ def bench(
     runs += [(m, k, None, v, draft, False) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
     runs += [(m, k, None, None, folder, True) for m, folder in others for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
-    drafters = {(m, v, d): make_drafter(m, target, draft=d, draft_vocab=v)
-                for m, v, d in dict.fromkeys((m, v, d) for m, _, _, v, d, _ in runs)}
-    for m, _, tree, v, d, _ in runs:
+    # One drafter per run, as the runs take turns below: no run may learn from another's outputs (suffix
+    # decoding remembers every answer its drafter has seen).
+    cached = {}
+    for m, _, _, v, d, _ in runs:  # a failing build fails once, before anything is loaded twice
+        if (m, v, d) not in cached:
+            cached[m, v, d] = make_drafter(m, target, draft=d, draft_vocab=v)
+    drafters = []
+    for m, _, _, v, d, _ in runs:
+        key = (m, v, d)
+        drafters.append(cached.pop(key) if key in cached else make_drafter(m, target, draft=d, draft_vocab=v))
+    for (_, _, tree, _, _, _), drafter in zip(runs, drafters):
         if tree is not None:
-            drafters[m, v, d].check_tree(tree)
+            drafter.check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
+    stats, outputs = [Stats() for _ in runs], [[] for _ in runs]
+    # Prompt by prompt, every run in turn. A shared machine's speed drifts by tens of percent over minutes;
+    # had AR run first and each method after it, the drift would be credited to whichever runs met a fast
+    # minute. Taking turns spreads every run, AR included, over the whole time.
+    for i, prompt in enumerate(prompts):
+        for j, ((method, k, tree, _, _, _), drafter) in enumerate(zip(runs, drafters)):
+            bar.set_postfix_str(f"prompt {i + 1}, {method} " + (f"k={k}" if tree is None else f"tree={tree}"))
+            out = generate(target, prompt.text, drafter, k=0 if tree else k, max_new_tokens=max_new_tokens,
+                           sampling=sampling, seed=seed + i, tree=tree)
+            stats[j] = stats[j] + out.stats
+            outputs[j].append(out.tokens)
+            bar.update(1)
+    bar.close()
     records = []
-    for method, k, tree, vocab, folder, other in runs:
-        bar.set_postfix_str(f"{method} k={k}" if tree is None else f"{method} tree={tree}")
-        drafter = drafters[method, vocab, folder]
-        if drafter is not None:  # every run starts clean: no run may learn from another's outputs
-            drafter.forget()
-        record = run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, bar, tree, vocab)
+    for (method, k, tree, vocab, folder, other), drafter, s, outs in zip(runs, drafters, stats, outputs):
+        record = record_of(method, drafter, k, tree, vocab, s, outs)
         record.drafter = folder if other else None
         records.append(record)
-    bar.close()
     return compare_to_ar(records)
 
 
@@ -281,8 +305,10 @@ class Results:
     def label(self) -> str:
         """Where and how it was measured, in words, for the sentence that quotes it."""
         m, c = self.machine, self.config
+        # Two CPUs with one name can differ in bf16 instructions, which decide a bf16 run's costs (limits.cpu_has_bf16)
+        bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
         return (f"{c.get('num_prompts', c.get('prompts'))} prompts x {c['max_new_tokens']} new tokens, "
-                f"{m['dtype']}, {m['cpu']}, {m['cores']} cores")
+                f"{m['dtype']}, {m['cpu']}{bf16}, {m['cores']} cores")
 
     def cost_sentence(self, method: str, k: int, who: str) -> str:
         """The sentence a chapter states its drafter's measured acceptance, speed and costs in (chapters 4, 5, 7)."""

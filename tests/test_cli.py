@@ -77,6 +77,50 @@ def test_bench_labels_the_other_run_even_when_draft_names_the_same_folder(tmp_pa
     assert results.get("gemma4_mtp", 2)["drafter"] is None
 
 
+def test_bench_runs_take_turns_prompt_by_prompt_each_with_its_own_drafter(monkeypatch, target):
+    """AR and every run on prompt 1, then on prompt 2: a drifting machine slows them alike; no drafter is shared."""
+    from types import SimpleNamespace
+
+    from specdec_learn import bench as bench_module
+    from specdec_learn.stats import Stats
+    from specdec_learn.workloads import load_workload
+
+    calls = []
+
+    def fake_generate(target, text, drafter=None, k=0, max_new_tokens=8, **kw):
+        calls.append((text, None if drafter is None else id(drafter), k))
+        return SimpleNamespace(stats=Stats(), tokens=[1])
+
+    monkeypatch.setattr(bench_module, "generate", fake_generate)
+    prompts = load_workload("math", n=2)
+    records = bench_module.bench(target, ["ngram"], [2, 3], prompts, max_new_tokens=4, progress=False)
+    timed = calls[1:]  # the first call is the warm-up
+    assert [(text, k) for text, _, k in timed] == [(p.text, k) for p in prompts for k in (0, 2, 3)]
+    drafters = [d for _, d, k in timed[:3]]
+    assert drafters[0] is None and drafters[1] != drafters[2]  # k = 2 and k = 3 each have their own
+    assert [d for _, d, _ in timed[3:]] == drafters  # and keep it from prompt to prompt
+    assert [(r.method, r.k) for r in records] == [("ar", 0), ("ngram", 2), ("ngram", 3)]
+
+
+def test_results_label_says_whether_the_cpu_has_bf16_instructions(tmp_path):
+    """Results files from before machine.cpu_bf16 keep their label; newer ones say which kind of CPU ran them."""
+    import json
+
+    from specdec_learn.bench import read_results
+
+    machine = {"dtype": "bfloat16", "cpu": "AMD EPYC", "cores": 2}
+    labels = []
+    for bf16 in ("absent", True, False, None):
+        path = tmp_path / f"{bf16}.json"
+        path.write_text(json.dumps({"machine": machine if bf16 == "absent" else {**machine, "cpu_bf16": bf16},
+                                    "config": {"num_prompts": 3, "max_new_tokens": 8}, "results": []}))
+        labels.append(read_results(path).label)
+    assert labels == ["3 prompts x 8 new tokens, bfloat16, AMD EPYC, 2 cores",
+                      "3 prompts x 8 new tokens, bfloat16, AMD EPYC with bf16 instructions, 2 cores",
+                      "3 prompts x 8 new tokens, bfloat16, AMD EPYC without bf16 instructions, 2 cores",
+                      "3 prompts x 8 new tokens, bfloat16, AMD EPYC, 2 cores"]
+
+
 def test_bench_drafter_flag_errors_are_one_line(tmp_path, capsys):
     assert main(["bench", "--methods", "ar,ngram", "--k", "2", "--drafter", f"eagle3={tmp_path}"]) == 2
     assert "not among the methods run: add it to --methods" in capsys.readouterr().err
