@@ -57,7 +57,7 @@ from ..formats import mtp as names
 from ..formats.io import read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
-from ..target import cache_arg, crop_cache
+from ..target import cache_arg, cached_length, crop_cache
 from ..tree import additive
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
@@ -249,7 +249,7 @@ class MTPDrafter(Drafter):
         outputs = self._catch_up(state.ids, T)
         if outputs is None:  # a one-token prompt: no target hidden state to start from
             return Proposal([])
-        committed = [c.get_seq_length() for c in self.caches]
+        committed = [cached_length(c) for c in self.caches]
         tokens, qs = [], []
         logits, last = outputs  # step 0: layer 0's logits and output at position T-1 (from the catch-up)
         chain = last[:, :0]  # the outputs of the step before, for the positions that used drafts
@@ -282,7 +282,7 @@ class MTPDrafter(Drafter):
         """
         result = None
         for j in range(self.depth):
-            start = self.caches[j].get_seq_length()
+            start = cached_length(self.caches[j])
             m = min(T - j - start, self.pending[j].shape[1])
             if m <= 0:
                 continue
@@ -304,7 +304,7 @@ class MTPDrafter(Drafter):
         the output head: on a small target the head costs more than the layer.
         """
         cache = self.caches[j]
-        past, n = cache.get_seq_length(), len(tokens)
+        past, n = cached_length(cache), len(tokens)
         device = h_in.device
         ids = torch.tensor([tokens], dtype=torch.long, device=device)  # [1, n]
         e = self.head.embed(ids)  # [1, n, H]
