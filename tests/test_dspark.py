@@ -119,6 +119,17 @@ def test_the_anchor_slot_is_a_draft_so_k_can_reach_the_block_size(target, random
         sd.generate(target, "Hi", drafter, k=8, max_new_tokens=4)
 
 
+def test_a_tree_runs_the_lm_head_once_a_round_not_once_per_node(target, random_dspark, monkeypatch):
+    """Every slot's logits come from one head pass over the block; a node adds only its Markov bias."""
+    drafter = DSparkDrafter(random_dspark, markov=True)
+    head, shapes = drafter.logits, []
+    monkeypatch.setattr(drafter, "logits", lambda hidden: shapes.append(tuple(hidden.shape)) or head(hidden))
+    out = sd.generate(target, "Name three fruits.", drafter, tree=sd.TreeSpec(nodes=8, depth=3, branch=2),
+                      max_new_tokens=8)
+    assert out.stats.num_drafts > 0 and len(shapes) == out.stats.num_drafts
+    assert max(s[0] for s in shapes) == 3  # [depth, H]: every slot at once (the last rounds are shallower)
+
+
 def test_heads_that_are_missing_are_refused(target):
     model = DSparkModel(dspark_config(target, num_layers=1, block_size=4, markov_rank=0, confidence=False))
     with pytest.raises(ValueError, match="no Markov head"):

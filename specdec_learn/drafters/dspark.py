@@ -228,10 +228,12 @@ class DSparkDrafter(DFlashDrafter):
         """
         hidden = self.block_hidden(state)[: tree.depth]  # [depth, H]; slot d predicts depth d + 1
         anchor = state.ids[-1]
+        with torch.inference_mode():
+            base = self.logits(hidden)  # [depth, V]: the LM head once per slot; nodes differ only by the bias
 
         @torch.inference_mode()
         def expand(path):
-            row = self.logits(hidden[len(path)])  # [V]
+            row = base[len(path)]  # [V]
             if self.markov is not None:
                 prev = path[-1] if path else anchor
                 row = row + self.markov(torch.tensor(prev, device=row.device)).to(row.dtype)
