@@ -6,7 +6,8 @@
 
 For each workload (held-out HumanEval, math, chat, and the repeated-edits
 set, where only the copying drafters and EAGLE-3 run), `bench` runs plain
-decoding first and then every (method, k), on the same prompts, in one process: the speedups are ratios within one run. Beside
+decoding and every (method, k) on the same prompts in one process, taking
+turns prompt by prompt: the speedups are ratios within one run. Beside
 them, the physical limits (specdec_learn/limits.py): the machine's read
 bandwidth, the AR ceiling it allows, our AR as a fraction of it, and each
 run's tokens per round L and the speedup its measured round cost allows.
@@ -162,7 +163,8 @@ def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assi
 
 
 def figures(all_records: dict, stem: Path, machine: dict) -> None:
-    label = f"{machine['cpu']}, {machine['torch_threads']} threads, {machine.get('dtype')}"
+    bf16 = {True: " (bf16 instructions)", False: " (no bf16 instructions)"}.get(machine.get("cpu_bf16"), "")
+    label = f"{machine['cpu']}{bf16}, {machine['torch_threads']} threads, {machine.get('dtype')}"
     n = len(all_records)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True)
     for ax, (workload, records) in zip(axes if n > 1 else [axes], all_records.items()):
