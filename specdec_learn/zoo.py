@@ -93,9 +93,9 @@ def make_drafter(
     markov, gate: for "dspark", the Markov head on/off and the confidence
     gate's survival threshold (None = submit every draft).
     draft_vocab: score only this many tokens, the most frequent answer tokens
-    of the committed corpus (vocab.py), for the drafters that borrow a full
-    head: draft_model, mtp, dflash, dspark. (EAGLE-3's checkpoint carries its
-    own reduced vocabulary, d2t.)
+    of the committed corpus (vocab.py), for the drafters that score the whole
+    vocabulary: draft_model, mtp, gemma4_mtp, dflash, dspark. (EAGLE-3's checkpoint
+    carries its own reduced vocabulary, d2t.)
     """
     if method not in BUILDERS:
         raise ValueError(f"Unknown method {method!r}: choose from {', '.join(METHODS)}.")
@@ -115,4 +115,4 @@ def make_drafter(
     return drafter
 
 
-REDUCIBLE = ("draft_model", "mtp", "dflash", "dspark")  # drafters with reduce_vocabulary
+REDUCIBLE = ("draft_model", "mtp", "gemma4_mtp", "dflash", "dspark")  # drafters with reduce_vocabulary

@@ -1,5 +1,7 @@
 """The Gemma 4 assistant: lossless, reads (never grows) the target's KV cache, HF format round trip."""
 
+import copy
+
 import pytest
 import torch
 from conftest import MAX_NEW, same_path, tiny_target
@@ -14,6 +16,7 @@ from specdec_learn.drafters.gemma4_mtp import (
 )
 from specdec_learn.sampling import GREEDY, Sampling
 from specdec_learn.target import Target
+from specdec_learn.vocab import ReducedHead
 
 KS = (1, 3, 5, 7)
 SAMPLED = Sampling(temperature=1.0)
@@ -213,3 +216,36 @@ def test_suppressed_tokens_are_never_drafted():
     state = started(target, drafter, list(range(3, 30)))
     q = draft_q(drafter, state, k=4)
     assert q[:, banned].sum() == 0 and torch.allclose(q.sum(-1), torch.ones(4))
+
+
+def test_a_draft_vocabulary_on_a_soft_capped_assistant_keeps_the_outside_at_minus_infinity():
+    """reduce_vocabulary swaps the assistant's head for its cut rows. The soft cap bends logits with tanh,
+    which would bring -inf back to -cap (a probability for tokens that cannot be drafted): they stay -inf,
+    the kept tokens' logits are the full head's, and greedy output is still the target's."""
+    target, assistant = tiny_gemma4_pair(ordered_embeddings=False)
+    ids = list(range(3, 30))
+    full = Gemma4AssistantDrafter(assistant, target)
+    state = started(target, full, ids)
+    shared = read_shared_kv(state.cache, full.kv_layers)
+    position = torch.tensor([[len(state.ids) - 2]])
+    with torch.inference_mode():
+        want, _ = full.step(state.ids[-1], full.h, position, shared)  # [V], soft-capped
+    kept = sorted(torch.randperm(256, generator=torch.Generator().manual_seed(0))[:64].tolist())
+    cut = Gemma4AssistantDrafter(copy.deepcopy(assistant), target)
+    cut.reduce_vocabulary(kept)
+    cut.h = full.h
+    with torch.inference_mode():
+        got, _ = cut.step(state.ids[-1], cut.h, position, shared)
+    outside = torch.ones(256, dtype=torch.bool)
+    outside[kept] = False
+    assert torch.isneginf(got[outside]).all()
+    torch.testing.assert_close(got[kept], want[kept])
+    ar = sd.generate(target, ids, max_new_tokens=16)
+    assert sd.generate(target, ids, cut, k=3, max_new_tokens=16).tokens == ar.tokens
+    assert not isinstance(assistant.get_output_embeddings(), ReducedHead)  # the copy was cut, not the original
+
+
+def test_a_centroid_assistant_refuses_a_draft_vocabulary():
+    target, assistant = tiny_gemma4_pair(ordered_embeddings=True)
+    with pytest.raises(ValueError, match="top centroids.*drop --draft-vocab"):
+        Gemma4AssistantDrafter(assistant, target).reduce_vocabulary(range(64))

@@ -8,7 +8,8 @@ from a draft model in three ways, all visible in one draft step::
     for layer in layers:                                        # Q-only attention:
         x = layer(x, K_target, V_target, position=q)            #   K/V come from the target's cache
     d = norm(x)
-    logits = lm_head(d)          (optionally only over the tokens of the top centroids)
+    logits = lm_head(d)          (optionally only over the tokens of the top centroids,
+                                  or of a draft vocabulary: vocab.py)
     h = post_projection(d)                                      # [1, H_b], the next step's h
 
 * **No KV cache of its own.** Each assistant layer has only ``q_proj`` (and
@@ -82,6 +83,7 @@ import torch
 
 from ..formats.hf_assistant import read_assistant
 from ..sampling import draft_token
+from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
@@ -151,6 +153,21 @@ class Gemma4AssistantDrafter(Drafter):
         # generation_config.json's suppress_tokens: never drafted (vLLM's compute_logits sets them to -inf)
         self.suppress = list(getattr(getattr(assistant, "generation_config", None), "suppress_tokens", None) or [])
         self.h: torch.Tensor | None = None
+        self.full_head = None  # the assistant's own head, once reduce_vocabulary has swapped it
+
+    def reduce_vocabulary(self, ids) -> None:
+        """Score only the tokens `ids` (vocab.py): the assistant's own head is swapped for its cut rows.
+
+        A centroid-masked assistant (``use_ordered_embeddings``) already scores
+        only the tokens of its top centroids, through the full head's weight:
+        its format's own answer to the same cost, so it is refused here.
+        """
+        if self.sparse_logits:
+            raise ValueError("This assistant already scores only the tokens of its top centroids "
+                             "(use_ordered_embeddings): drop --draft-vocab for it.")
+        head = self.assistant.get_output_embeddings()
+        self.full_head = self.full_head or head  # the uncut head, should this be called again
+        self.assistant.set_output_embeddings(ReducedHead(self.full_head, sorted(ids)))
 
     def start(self, target, state, hidden) -> None:
         self.target = target
@@ -195,7 +212,9 @@ class Gemma4AssistantDrafter(Drafter):
             # probability; vLLM gives them none, and caps none of these logits
             logits = logits.masked_fill(logits == logits.min(), float("-inf"))
         elif self.softcap:  # dense logits: soft-capped, as vLLM's logits processor does
+            outside = torch.isneginf(logits)  # a cut head's tokens outside the draft vocabulary (reduce_vocabulary)
             logits = self.softcap * torch.tanh(logits / self.softcap)
+            logits = logits.masked_fill(outside, float("-inf"))  # tanh would bring -inf back to -softcap
         if self.suppress:
             logits[self.suppress] = float("-inf")
         return logits, out.last_hidden_state.to(h.dtype)
