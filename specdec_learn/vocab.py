@@ -23,7 +23,8 @@ target's head only, and puts -inf everywhere else, so every later step
 the drafter can no longer *propose* a token outside the subset, which only
 costs acceptance when the target wanted one; the verifier decides as before
 (under sampling, q is zero outside the subset and rejection sampling stays
-exact, verify.py).
+exact, verify.py). `cut_output_head` puts one in place of an HF model's own
+head (the draft model's, the assistant's).
 
 Glossary: *V_d* = draft vocabulary size; *coverage* = the share of answer
 tokens that fall inside the subset.
@@ -108,3 +109,14 @@ class ReducedHead(nn.Module):
         scores = rows @ self.weight.to(x.dtype).T  # [n, V_d]
         full = scores.new_full((rows.shape[0], self.vocab_size), float("-inf"))  # [n, V]
         return full.index_copy_(-1, self.ids, scores).view(*x.shape[:-1], self.vocab_size)
+
+
+def cut_output_head(model, ids, full_head: nn.Linear | None = None) -> nn.Linear:
+    """Swap an HF model's output head for its rows `ids` (a ReducedHead); -> the uncut head.
+
+    full_head: the uncut head a previous cut returned, so that cutting again
+    starts from all V rows, not from the last cut.
+    """
+    full_head = full_head or model.get_output_embeddings()
+    model.set_output_embeddings(ReducedHead(full_head, sorted(ids)))
+    return full_head

@@ -38,7 +38,7 @@ from ..sampling import draft_token
 from ..target import (LinearState, cache_arg, cached_length, crop_cache, is_linear, keeps_every_position,
                       pack_single_rows, record_past)
 from ..tree import additive, ancestor_mask, dynamic_tree
-from ..vocab import ReducedHead
+from ..vocab import ReducedHead, cut_output_head
 from .base import Drafter, Proposal
 
 
@@ -63,9 +63,7 @@ class DraftModelDrafter(Drafter):
         if self.is_target:
             raise ValueError("The target drafting for itself shares its head with the verifier: cutting it would "
                              "change the target's own output. Drop the draft vocabulary for --draft target.")
-        head = self.model.get_output_embeddings()
-        self.full_head = self.full_head or head  # the uncut head, should this be called again
-        self.model.set_output_embeddings(ReducedHead(self.full_head, sorted(ids)))
+        self.full_head = cut_output_head(self.model, ids, self.full_head)  # kept, should this be called again
 
     def start(self, target, state, hidden) -> None:
         check_same_vocabulary(self.model, target)

@@ -83,7 +83,7 @@ import torch
 
 from ..formats.hf_assistant import read_assistant
 from ..sampling import draft_token
-from ..vocab import ReducedHead
+from ..vocab import cut_output_head
 from .base import Drafter, Proposal
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
@@ -165,9 +165,7 @@ class Gemma4AssistantDrafter(Drafter):
         if self.sparse_logits:
             raise ValueError("This assistant already scores only the tokens of its top centroids "
                              "(use_ordered_embeddings): drop --draft-vocab for it.")
-        head = self.assistant.get_output_embeddings()
-        self.full_head = self.full_head or head  # the uncut head, should this be called again
-        self.assistant.set_output_embeddings(ReducedHead(self.full_head, sorted(ids)))
+        self.full_head = cut_output_head(self.assistant, ids, self.full_head)  # kept, should this be called again
 
     def start(self, target, state, hidden) -> None:
         self.target = target
