@@ -279,6 +279,8 @@ def _add_train_common(p, defaults: dict) -> None:
     p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate (warm-up, then cosine)")
     p.add_argument("--out", default=None, help="checkpoint folder (default: specdec_learn/checkpoints/<its name>)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (the default: every shipped drafter was trained so), or cuda (CUDA and ROCm alike)")
     p.add_argument("--data-dir", default=None,
                    help="the dataset (default: the committed corpus, datasets/<target>/; else $SPECDEC_CACHE/data/<target>)")
     p.add_argument("--work-dir", default=None, help="the resumable state (default: $SPECDEC_CACHE/train/<its name>)")
@@ -299,6 +301,13 @@ def _train(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device != "cpu":
+        if not args.device.startswith("cuda") or not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: this torch sees no GPU (torch {torch.__version__}); "
+                             "train with --device cpu, or install a CUDA or ROCm build of torch")
+        # everything a trainer makes without naming a device (its drafter, its batches) is made there;
+        # random draws stay on the CPU generator of train/loop.step_generator, so a run draws the same anywhere
+        torch.set_default_device(args.device)
     trainer = import_module(f".train.{args.method}", __package__)
     try:
         out = trainer.cli(args, _train_command(args))

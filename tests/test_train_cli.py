@@ -9,8 +9,8 @@ from test_mtp_train import write_examples
 
 from specdec_learn.cli import TRAINERS, main
 
-SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--data-dir", "--work-dir", "--seed", "--eval-every",
-          "--no-progress"]
+SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--device", "--data-dir", "--work-dir", "--seed",
+          "--eval-every", "--no-progress"]
 OWN = {  # each method's own flags: no other method accepts them unless it has its own flag of that name
     "eagle3": ["--dtype", "--draft-vocab", "--ttt-steps", "--tokens-per-batch"],
     "dflash": ["--dtype", "--layers", "--block-size", "--anchors", "--gamma", "--loss-slots",
@@ -40,9 +40,16 @@ def test_every_method_parses_its_help_with_the_shared_flags_and_its_own(method, 
 
 
 FOREIGN = sorted({(method, flag) for method in OWN for other in OWN.values() for flag in other
-                  if flag not in OWN[method]} | {("data", "--steps"), ("data", "--lr"), ("dflash", "--device"),
+                  if flag not in OWN[method]} | {("data", "--steps"), ("data", "--lr"), ("dflash", "--gpu"),
                                                  ("eagle3", "--generate-minutes"), ("mtp", "--budget-minutes"),
                                                  ("dflash", "--block")})  # no guessing an abbreviation either
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu_is_one_line(capsys):
+    assert main(["train", "dflash", "--device", "cuda", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: --device cuda:") and "--device cpu" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("method,flag", FOREIGN)

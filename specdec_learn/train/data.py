@@ -467,29 +467,29 @@ def capture(target, examples: list[Example], taps=(), cache_dir=None, progress: 
 def read_features(path: Path) -> Features | None:
     """A cached example, or None (after saying so) when the file is damaged."""
     try:
-        return Features(**torch.load(path, map_location="cpu", weights_only=True))
+        return Features(**torch.load(path, map_location=torch.get_default_device(), weights_only=True))
     except Exception as err:  # truncated, bit-flipped, or not ours: a cache is rebuilt, not trusted
         print(f"{path}: damaged feature file ({type(err).__name__}), recomputing it", file=sys.stderr)
         return None
 
 
 def target_features(target, ex: Example, taps: tuple, dtype, kv_layer: int | None) -> Features:
-    """One target forward over one example -> its Features (on the CPU, in `dtype`)."""
+    """One target forward over one example -> its Features (in `dtype`, on the target's device)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=target.model.config)
     hidden = capture_taps(target, ex, (*taps, target.num_layers), cache)
     last = target.final_norm(hidden[target.num_layers])  # [T, H]
     feats = Features(
-        ids=torch.tensor(ex.input_ids),
-        loss_mask=torch.tensor(ex.loss_mask),
-        taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype).cpu() if taps else None,
-        last=last.to(dtype).cpu(),
-        top1=target.lm_head(last).argmax(-1).cpu(),
+        ids=torch.tensor(ex.input_ids, device=last.device),
+        loss_mask=torch.tensor(ex.loss_mask, device=last.device),
+        taps=torch.cat([hidden[t] for t in taps], dim=-1).to(dtype) if taps else None,
+        last=last.to(dtype),
+        top1=target.lm_head(last).argmax(-1),
     )
     if kv_layer is not None:
         layer = cache.layers[kv_layer]
-        feats.keys, feats.values = layer.keys.to(dtype).cpu(), layer.values.to(dtype).cpu()
+        feats.keys, feats.values = layer.keys.to(dtype), layer.values.to(dtype)
     return feats
 
 

@@ -50,8 +50,8 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     """Up to `num_anchors` random positions p with p and p+1 in the response -> sorted [A]."""
     ok = loss_mask[:-1] & loss_mask[1:]  # [T-1]: the anchor and its first label are response tokens
     candidates = ok.nonzero().squeeze(-1)  # [C]
-    order = torch.randperm(len(candidates), generator=generator)[:num_anchors]
-    return candidates[order].sort().values
+    order = torch.randperm(len(candidates), generator=generator, device="cpu")[:num_anchors]  # draws on the CPU
+    return candidates[order.to(candidates.device)].sort().values
 
 
 def block_inputs(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
@@ -189,9 +189,9 @@ def block_step(train_feats, num_anchors: int, example_loss, weights: torch.Tenso
     """
     def loss(step, generator):
         if weights is None:
-            i = int(torch.randint(len(train_feats), (1,), generator=generator))
+            i = int(torch.randint(len(train_feats), (1,), generator=generator, device="cpu"))
         else:
-            i = int(torch.multinomial(weights, 1, generator=generator))
+            i = int(torch.multinomial(weights.cpu(), 1, generator=generator))
         f = train_feats[i]
         anchors = sample_anchors(f.loss_mask, num_anchors, generator)
         if len(anchors) == 0:
@@ -294,7 +294,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device="cpu")
+    target = load(args.target, dtype=args.dtype, device=args.device)
     model, run = train(target, args.layers, args.block_size, args.steps, args.lr, args.budget_min, args.anchors,
                        args.gamma, args.seed, loss_slots=args.loss_slots, work_dir=args.work_dir,
                        data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every,

@@ -137,7 +137,7 @@ def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_mi
     def batch_of(step, generator) -> list[int]:
         if weights is None:
             return [order[(step * batch + j) % len(order)] for j in range(batch)]
-        return torch.multinomial(weights, batch, replacement=True, generator=generator).tolist()
+        return torch.multinomial(weights.cpu(), batch, replacement=True, generator=generator).tolist()
 
     def loss(step, generator):
         table = student.table()  # once per step: its backward into P is the step's largest matmul
@@ -184,7 +184,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device="cpu")  # only its embedding is read, in fp32
+    target = load(args.target, dtype="fp32", device=args.device)  # only its embedding is read, in fp32
     student, run = train(target, args.steps, args.batch, args.lr, args.budget_min, work_dir=args.work_dir,
                          data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress, hidden=args.hidden,
                          layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every,

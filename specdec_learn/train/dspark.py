@@ -147,7 +147,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device="cpu")
+    target = load(args.target, dtype=args.dtype, device=args.device)
     model, run = train(target, args.layers, args.block_size, args.markov_rank, args.steps, args.lr, args.budget_min,
                        args.anchors, args.gamma, args.seed, work_dir=args.work_dir, data_dir=args.data_dir,
                        progress=not args.no_progress, eval_every=args.eval_every,

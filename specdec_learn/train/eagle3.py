@@ -73,7 +73,7 @@ def draft_vocabulary(examples: list[Example], size: int, target, work_dir) -> to
 
 def pack(sizes: list[int], tokens_per_batch: int, generator: torch.Generator) -> list[list[int]]:
     """Shuffle, then group example indices into batches of about `tokens_per_batch` rows (sizes[i]: example i's tokens)."""
-    order = torch.randperm(len(sizes), generator=generator).tolist()
+    order = torch.randperm(len(sizes), generator=generator, device="cpu").tolist()
     batches, batch, n = [], [], 0
     for i in order:
         if batch and n + sizes[i] > tokens_per_batch:
@@ -297,7 +297,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device="cpu")
+    target = load(args.target, dtype=args.dtype, device=args.device)
     cfg = TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, tokens_per_batch=args.tokens_per_batch, steps=args.steps,
                       budget_min=args.budget_min, seed=args.seed,
                       **({"eval_every": args.eval_every} if args.eval_every else {}))

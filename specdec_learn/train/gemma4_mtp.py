@@ -72,7 +72,8 @@ def init_from_target(assistant, target, seed: int = 0) -> torch.Tensor:
     """
     H_b, H_d = target.hidden_size, assistant.config.get_text_config().hidden_size
     g = torch.Generator().manual_seed(seed)
-    R, _ = torch.linalg.qr(torch.randn(H_b, H_d, generator=g))  # [H_b, H_d], orthonormal columns
+    R, _ = torch.linalg.qr(torch.randn(H_b, H_d, generator=g, device="cpu"))  # [H_b, H_d], orthonormal columns
+    R = R.to(target.embed_tokens.weight.device)
     with torch.no_grad():
         assistant.model.embed_tokens.weight.copy_(target.embed_tokens.weight.float() @ R)
         w = assistant.pre_projection.weight  # [H_d, 2*H_b]: [embedding half | hidden half]
@@ -97,8 +98,8 @@ def assistant_loss(assistant, target, ids, mask, h, K, V, depth: int, beta: floa
     ok = [p for p in range(1, T - 1) if mask[p + 1]]  # step 0 at p predicts x_{p+1}, a response token
     if not ok:
         return None, []
-    pick = torch.randperm(len(ok), generator=generator)[:anchors]
-    p = torch.tensor(ok, device=ids.device)[pick].sort().values  # [P]
+    pick = torch.randperm(len(ok), generator=generator, device="cpu")[:anchors]
+    p = torch.tensor(ok, device=ids.device)[pick.to(ids.device)].sort().values  # [P]
     P = p.numel()
     allowed = torch.arange(T, device=ids.device)[None] < p[:, None]  # [P, T]: K/V of positions < p
     bias = additive(allowed, torch.float32)[None, None]
@@ -218,7 +219,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device="cpu")  # the loss runs through the target's fp32 embedding
+    target = load(args.target, dtype="fp32", device=args.device)  # the loss runs through the target's fp32 embedding
     student, run = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                          args.layers, args.budget_min, work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed,
                          progress=not args.no_progress, eval_every=args.eval_every)

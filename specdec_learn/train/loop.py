@@ -97,7 +97,7 @@ def read_saved(file: Path):
     so a file someone else wrote cannot run code here.
     """
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location=torch.get_default_device(), weights_only=True)
     except pickle.UnpicklingError:  # what weights_only refuses: anything but tensors and plain values
         reason = "it is not tensors and numbers alone: damaged, or written by something else, and unsafe to unpickle"
     except Exception as err:  # a truncated or damaged zip or pickle

@@ -83,7 +83,7 @@ def mtp_loss(head: MTPHead, target, ids: torch.Tensor, mask: torch.Tensor, h: to
         labels = ids[k + 2 : k + 1 + n]  # [n-1]
         rows = mask[k + 2 : k + 1 + n].nonzero().squeeze(1)
         if max_rows is not None and rows.numel() > max_rows:
-            rows = rows[torch.randperm(rows.numel(), generator=generator)[:max_rows]]
+            rows = rows[torch.randperm(rows.numel(), generator=generator, device="cpu")[:max_rows].to(rows.device)]
         if rows.numel():
             logits = step.head(out[0, rows])  # [r, V]: the LM head on the sampled rows only
             term = weights[k] * F.cross_entropy(logits.float(), labels[rows])
@@ -156,7 +156,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device="cpu")  # the head trains through the target's fp32 layers
+    target = load(args.target, dtype="fp32", device=args.device)  # the head trains through the target's fp32 layers
     head, run = train(target, args.steps, args.depth, args.beta, args.lr, args.max_rows, args.budget_min,
                       work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress,
                       eval_every=args.eval_every)
