@@ -24,6 +24,7 @@ def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypat
     recipe = json.loads((retrain.folders("mtp", str(target), "any")[1] / "recipe.json").read_text())
     assert recipe["steps"] == 3 and [r["step"] for r in recipe["held_out_curve"]] == [2, 3]
     assert "--eval-every 2" in recipe["command"] and str(data) in recipe["command"]
+    assert "--device cpu" in recipe["command"]  # the default; `--device cuda` passes through to every run
     assert retrain.folders("mtp", str(target), recipe["data"]["sha256"])[1].parent == tmp_path / "cache" / "retrain"
 
     assert retrain.main(["run", *argv]) == 0  # started again: nothing left to do

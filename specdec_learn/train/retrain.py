@@ -3,6 +3,7 @@
     python -m specdec_learn.train.retrain start     # in the background (job.py: niced, pausable, resumable)
     python -m specdec_learn.train.retrain status    # where each run stands
     python -m specdec_learn.train.retrain run       # the same runs, in the foreground
+    python -m specdec_learn.train.retrain run --device cuda   # on a GPU: minutes, not hours
 
 Each run is `specdec train <method>` with the flags in PLAN: the committed
 corpus (data.default_dir), a step budget, a held-out evaluation every few
@@ -48,6 +49,11 @@ from . import job
 # steps gave 0.44 vs 0.39 there and 1.63 vs 1.50 tokens a round at k = 2 on the workloads (AMD EPYC,
 # benchmarks/results/retrain/). The share of the text a drafter is served is a recipe choice, not a detail.
 # The whole plan is ~10 CPU-hours, several sessions: `start --methods` picks which runs go first.
+# On a GPU (`--device cuda`, passed to every run) it is minutes. On one NVIDIA H200 (2026-12-04) the five
+# tapped runs went side by side, as five processes of 2 threads each, each capped at 6.5 minutes of training:
+# DFlash's 3,000 steps took 4.7 min, DSpark's 5.1, MTP's 4,000 5.5, the assistant's 2,000 4.5. EAGLE-3 reached
+# step 1,516 in its cap (eight on-demand target forwards a step) and was resumed to 2,929 in 3.2 minutes more
+# (benchmarks/results/retrain/*-h200.recipe.json).
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
                "--eval-every", "250"],
@@ -106,11 +112,11 @@ def finished(method: str, target: str, data: str) -> bool:
         and made_in == str(work)
 
 
-def command(method: str, target: str, threads: int, data_dir: str, data: str) -> list[str]:
+def command(method: str, target: str, threads: int, data_dir: str, data: str, device: str = "cpu") -> list[str]:
     """The `specdec train` argv of one run."""
     work, out = folders(method, target, data)
     return ["train", method, "--target", target, *PLAN[method], "--data-dir", data_dir, "--work-dir", str(work),
-            "--out", str(out), "--threads", str(threads)]
+            "--out", str(out), "--threads", str(threads), "--device", device]
 
 
 def log(line: str) -> None:
@@ -131,7 +137,7 @@ def run(args) -> int:
         if finished(method, args.target, data):
             log(f"{method}: done already ({out})")
             continue
-        argv = command(method, args.target, args.threads, args.data_dir, data)
+        argv = command(method, args.target, args.threads, args.data_dir, data, args.device)
         log(f"{method}: specdec {' '.join(argv)}")
         code = specdec(argv)
         if code != 0:
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", type=lambda s: s.split(","), default=list(PLAN),
                         help=f"comma-separated, in order (default: {','.join(PLAN)})")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: each run's --device (specdec train)")
     parser.add_argument("--data-dir", default=None, help="the corpus (default: the committed one, data.default_dir)")
     args = parser.parse_args(argv)
     if args.data_dir is None:
