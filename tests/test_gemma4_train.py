@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import tiny_target
 from safetensors import safe_open
@@ -46,3 +47,15 @@ def test_assistant_learns_resumes_and_ships_its_table_as_a_projection(tmp_path, 
     ar = sd.generate(target, prompt, max_new_tokens=12)
     out = sd.generate(target, prompt, Gemma4AssistantDrafter(loaded, target), k=3, max_new_tokens=12)
     assert out.tokens == ar.tokens
+
+
+@pytest.mark.parametrize("share,length", [(1.0, 40), (0.0, 20)])
+def test_a_templated_share_picks_the_examples_each_step_reads(tmp_path, share, length):
+    from test_draft_model import write_dataset
+
+    target = tiny_target()
+    write_dataset(tmp_path / "data", target.vocab_size, n=20, magpie=20)  # templated: 40 tokens, Magpie: 20
+    _, run = train_g4.train(target, steps=5, depth=2, anchors=8, hidden_size=16, num_layers=1,
+                            work_dir=tmp_path / "work", data_dir=tmp_path / "data", templated_share=share,
+                            log=lambda *_: None, progress=False)
+    assert run.tokens == 5 * length and run.config["templated_share"] == share  # one source only

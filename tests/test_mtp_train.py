@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import tiny_target, training_ids
 
@@ -49,3 +50,14 @@ def test_graft_learns_resumes_and_exports(tmp_path):
     prompt = examples[0].input_ids[:12]
     ar = sd.generate(target, prompt, max_new_tokens=12)
     assert sd.generate(target, prompt, MTPDrafter(loaded, target), k=3, max_new_tokens=12).tokens == ar.tokens
+
+
+@pytest.mark.parametrize("share,length", [(1.0, 40), (0.0, 20)])
+def test_a_templated_share_picks_the_examples_each_step_reads(tmp_path, share, length):
+    from test_draft_model import write_dataset
+
+    target = tiny_target()
+    write_dataset(tmp_path / "data", target.vocab_size, n=20, magpie=20)  # templated: 40 tokens, Magpie: 20
+    _, run = train_mtp.train(target, steps=5, depth=2, max_rows=None, work_dir=tmp_path / "work",
+                             data_dir=tmp_path / "data", templated_share=share, log=lambda *_: None, progress=False)
+    assert run.tokens == 5 * length and run.config["templated_share"] == share  # one source only

@@ -17,8 +17,8 @@ OWN = {  # each method's own flags: no other method accepts them unless it has i
                "--templated-share"],
     "dspark": ["--dtype", "--layers", "--block-size", "--markov-rank", "--anchors", "--gamma",
                "--templated-share"],
-    "mtp": ["--depth", "--beta", "--max-rows"],
-    "gemma4_mtp": ["--depth", "--beta", "--anchors", "--hidden-size", "--layers"],
+    "mtp": ["--depth", "--beta", "--max-rows", "--templated-share"],
+    "gemma4_mtp": ["--depth", "--beta", "--anchors", "--hidden-size", "--layers", "--templated-share"],
     "draft_model": ["--batch", "--hidden", "--layers", "--templated-share"],
 }
 DATA = ["--target", "--dtype", "--device", "--data-dir", "--budget-min", "--backend", "--temperature",

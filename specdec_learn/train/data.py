@@ -288,6 +288,21 @@ def source_weights(examples: list[Example], templated_share: float) -> torch.Ten
     return torch.tensor([share[bool(t)] / counts[bool(t)] for t in templated])
 
 
+def example_picker(order: list[int], weights: torch.Tensor | None):
+    """step, generator -> the index of the example a one-example step reads.
+
+    weights None: `order` (a seeded shuffle) in turn, every example once per
+    epoch; else one draw by `weights` (`source_weights`) with the step's own
+    generator, so a resumed run draws what it would have.
+    """
+    def pick(step: int, generator: torch.Generator) -> int:
+        if weights is None:
+            return order[step % len(order)]
+        return int(torch.multinomial(weights.cpu(), 1, generator=generator))
+
+    return pick
+
+
 def add_share_argument(p) -> None:
     """--templated-share, for the trainers that draw their examples by prompt source (`source_weights`)."""
     p.add_argument("--templated-share", type=float, default=None,

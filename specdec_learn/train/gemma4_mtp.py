@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..checkpoints import shipped_folder, strip_table
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..tree import additive
-from .data import training_data, work_dir_for
+from .data import add_share_argument, example_picker, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 from .projected import ProjectedTable
 
@@ -151,8 +151,11 @@ def evaluate(assistant, target, feats, depth: int) -> list[float]:
 def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, anchors: int = 48,
           hidden_size: int = 128, num_layers: int = 4, budget_min: float | None = None, save_every: int = 50,
           work_dir=None, data_dir=None, seed: int = 0, progress: bool = True, log=print,
-          eval_every: int | None = None) -> tuple[Student, Run]:
+          eval_every: int | None = None, templated_share: float | None = None) -> tuple[Student, Run]:
     """A fresh assistant (table = E·P), trained on the target's answers; resumes from the work dir.
+
+    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
+    example once per epoch, in a seeded order).
 
     -> (Student, Run); the student's assistant holds the table E·P in its tied
     embedding, and student.table.proj is P, what the checkpoint ships.
@@ -166,9 +169,10 @@ def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: floa
     assistant.model.embed_tokens.weight.requires_grad_(False)  # tied to lm_head; E·P stands in for both
     order = list(range(len(data.train)))
     random.Random(seed).shuffle(order)
+    pick = example_picker(order, None if templated_share is None else source_weights(data.examples, templated_share))
 
     def loss(step, generator):
-        f = data.train[order[step % len(order)]]  # one example per step, in a seeded order
+        f = data.train[pick(step, generator)]  # one example per step
         value, accs = example_loss(assistant, target, f, depth, beta, anchors, generator, student.table())
         return value, {"acc": accs, "tokens": len(f.ids)}
 
@@ -177,7 +181,8 @@ def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: floa
             assistant.model.embed_tokens.weight.copy_(student.table())  # evaluate with the table as trained
         return {"acc": evaluate(assistant, target, data.eval[:20], depth)}
 
-    config = {"depth": depth, "beta": beta, "anchors": anchors, "hidden_size": hidden_size, "layers": num_layers}
+    config = {"depth": depth, "beta": beta, "anchors": anchors, "hidden_size": hidden_size, "layers": num_layers,
+              "templated_share": templated_share}
     run = train_loop(student, loss, Budget(steps, budget_min), work_dir_for(target.name, "gemma4_mtp", work_dir),
                      lr=lr, evaluate=held_out, eval_every=eval_every, save_every=save_every, log_every=10, seed=seed,
                      config=config,
@@ -214,6 +219,7 @@ def add_arguments(p) -> None:
     p.add_argument("--anchors", type=int, default=48, help="anchor positions per example and step")
     p.add_argument("--hidden-size", type=int, default=128, help="the assistant's width")
     p.add_argument("--layers", type=int, default=4, help="the assistant's decoder layers")
+    add_share_argument(p)
 
 
 def cli(args, command: str) -> Path:
@@ -222,7 +228,8 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype="fp32", device=args.device)  # the loss runs through the target's fp32 embedding
     student, run = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                          args.layers, args.budget_min, work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed,
-                         progress=not args.no_progress, eval_every=args.eval_every)
+                         progress=not args.no_progress, eval_every=args.eval_every,
+                         templated_share=args.templated_share)
     return export(student, target, args.out or shipped_folder("gemma4_mtp", target.name), run, command)
 
 

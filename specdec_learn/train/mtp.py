@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.mtp import MTPHead, causal_mask, rotary, save_mtp
-from .data import training_data, work_dir_for
+from .data import add_share_argument, example_picker, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 
@@ -108,16 +108,22 @@ def evaluate(head, target, feats, depth: int) -> list[float]:
 
 def train(target, steps: int = 2000, depth: int = 3, beta: float = 0.6, lr: float = 1e-3, max_rows: int | None = 64,
           budget_min: float | None = None, save_every: int = 50, work_dir=None, data_dir=None, seed: int = 0,
-          progress: bool = True, log=print, eval_every: int | None = None) -> tuple[MTPHead, Run]:
-    """Graft, then train the head on the target's answers; resumes from the work dir. -> (head, Run)."""
+          progress: bool = True, log=print, eval_every: int | None = None,
+          templated_share: float | None = None) -> tuple[MTPHead, Run]:
+    """Graft, then train the head on the target's answers; resumes from the work dir. -> (head, Run).
+
+    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
+    example once per epoch, in a seeded order).
+    """
     data = training_data(target, data_dir=data_dir, progress=progress)  # h = features.last, post-norm
     target.model.requires_grad_(False)
     head = graft_head(target)
     order = list(range(len(data.train)))
     random.Random(seed).shuffle(order)
+    pick = example_picker(order, None if templated_share is None else source_weights(data.examples, templated_share))
 
     def loss(step, generator):
-        f = data.train[order[step % len(order)]]  # one example per step, in a seeded order
+        f = data.train[pick(step, generator)]  # one example per step
         ids, mask = f.ids.to(target.device), f.loss_mask.to(target.device)
         value, accs = mtp_loss(head, target, ids, mask, f.last.float().to(target.device), depth, beta, max_rows,
                                generator)
@@ -126,7 +132,7 @@ def train(target, steps: int = 2000, depth: int = 3, beta: float = 0.6, lr: floa
     run = train_loop(head, loss, Budget(steps, budget_min), work_dir_for(target.name, "mtp", work_dir), lr=lr,
                      evaluate=lambda: {"acc": evaluate(head, target, data.eval[:20], depth)}, save_every=save_every,
                      eval_every=eval_every, log_every=10, seed=seed, data=data.record, progress=progress, log=log,
-                     config={"depth": depth, "beta": beta, "max_rows": max_rows})
+                     config={"depth": depth, "beta": beta, "max_rows": max_rows, "templated_share": templated_share})
     return head, run
 
 
@@ -151,6 +157,7 @@ def add_arguments(p) -> None:
     p.add_argument("--depth", type=int, default=3, help="recursive MTP steps trained (K)")
     p.add_argument("--beta", type=float, default=0.6, help="step k's loss weight is beta**k")
     p.add_argument("--max-rows", type=int, default=64, help="loss positions sampled per example and step")
+    add_share_argument(p)
 
 
 def cli(args, command: str) -> Path:
@@ -159,7 +166,7 @@ def cli(args, command: str) -> Path:
     target = load(args.target, dtype="fp32", device=args.device)  # the head trains through the target's fp32 layers
     head, run = train(target, args.steps, args.depth, args.beta, args.lr, args.max_rows, args.budget_min,
                       work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress,
-                      eval_every=args.eval_every)
+                      eval_every=args.eval_every, templated_share=args.templated_share)
     return export(head, target, args.out or shipped_folder("mtp", target.name), run, command)
 
 
