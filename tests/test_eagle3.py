@@ -334,6 +334,24 @@ def test_twenty_training_steps_lower_the_loss(tmp_path):
     assert fit(target, model, feats, [], cfg, tmp_path, log=lambda *_: None).steps == 22
 
 
+@pytest.mark.parametrize("share,tokens", [(1.0, 5 * 80), (0.0, 5 * 100)])
+def test_a_templated_share_packs_each_batch_from_the_sources_it_asks_for(tmp_path, share, tokens):
+    from specdec_learn.train.data import Example, capture, source_weights
+    from specdec_learn.train.eagle3 import TrainConfig, fit
+
+    target = tiny_target("llama")
+    templated = [Example(f"mbpp/{i}", list(range(3, 43)), [False] * 5 + [True] * 35) for i in range(4)]
+    magpie = [Example(f"magpie/{i:016x}", list(range(50, 70)), [False] * 5 + [True] * 15) for i in range(4)]
+    examples = templated + magpie
+    model = new_eagle3(target, draft_ids=torch.arange(VOCAB), taps=(1, 3, 4)).float()
+    feats = capture(target, examples, model.config.aux_layer_ids, progress=False)
+    cfg = TrainConfig(steps=5, tokens_per_batch=100, eval_every=10**9)
+    run = fit(target, model, feats, [], cfg, tmp_path, log=lambda *_: None,
+              weights=source_weights(examples, share))
+    # 100 rows hold two 40-token templated answers or five 20-token Magpie ones: each batch came from one source
+    assert run.tokens == tokens
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_eagle3_greedy_equals_ar_on_real_prompts(target, real_prompts, ar_greedy, k):

@@ -12,7 +12,7 @@ from specdec_learn.cli import TRAINERS, main
 SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--device", "--data-dir", "--work-dir", "--seed",
           "--eval-every", "--no-progress"]
 OWN = {  # each method's own flags: no other method accepts them unless it has its own flag of that name
-    "eagle3": ["--dtype", "--draft-vocab", "--ttt-steps", "--tokens-per-batch"],
+    "eagle3": ["--dtype", "--draft-vocab", "--ttt-steps", "--tokens-per-batch", "--templated-share"],
     "dflash": ["--dtype", "--layers", "--block-size", "--anchors", "--gamma", "--loss-slots",
                "--templated-share"],
     "dspark": ["--dtype", "--layers", "--block-size", "--markov-rank", "--anchors", "--gamma",

@@ -34,7 +34,7 @@ from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
 from ..limits import cpu_has_bf16
 from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
-from .data import Example, Features, lengths, training_data, work_dir_for
+from .data import Example, Features, add_share_argument, lengths, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
 
 
@@ -165,16 +165,32 @@ def ttt_attention(layer, q, keys, values, step0_mask):
 # --- the loop: packed batches through train/loop.py -------------------------------------------
 
 
-def batches(features, cfg: TrainConfig):
-    """step -> its packed batch: epoch after epoch, each shuffled by seed + epoch (so any step can be found again).
+def batches(features, cfg: TrainConfig, weights: torch.Tensor | None = None):
+    """step, generator -> its packed batch of about `cfg.tokens_per_batch` rows.
 
-    Epochs are kept as indices, so on-demand features (data.OnDemand) are
-    computed only for the batch a step reads.
+    weights None: epoch after epoch, each shuffled by seed + epoch (so any
+    step can be found again). weights [N] (data.source_weights): examples
+    drawn by weight with the step's own generator until the next would not
+    fit, so each prompt source gets its share of the draws. Batches are kept
+    as indices, so on-demand features (data.OnDemand) are computed only for
+    the batch a step reads.
     """
     sizes = lengths(features)
     epochs: list[list[list[int]]] = []
+    weights = None if weights is None else weights.cpu()
 
-    def batch_at(step: int) -> list[Features]:
+    def drawn(generator: torch.Generator) -> list[int]:
+        batch, n = [], 0
+        while True:
+            i = int(torch.multinomial(weights, 1, generator=generator))
+            if batch and n + sizes[i] > cfg.tokens_per_batch:
+                return batch
+            batch.append(i)
+            n += sizes[i]
+
+    def batch_at(step: int, generator: torch.Generator | None = None) -> list[Features]:
+        if weights is not None:
+            return [features[i] for i in drawn(generator)]
         epoch, first = 0, 0
         while True:
             if epoch == len(epochs):
@@ -187,16 +203,19 @@ def batches(features, cfg: TrainConfig):
 
 
 def fit(target, model: Eagle3Model, train_feats, eval_feats, cfg: TrainConfig, work_dir, data: dict | None = None,
-        config: dict | None = None, progress: bool = True, log=print) -> Run:
-    """AdamW on the TTT loss through the shared loop, resuming from work_dir; the target's embedding stays frozen."""
+        config: dict | None = None, progress: bool = True, log=print, weights: torch.Tensor | None = None) -> Run:
+    """AdamW on the TTT loss through the shared loop, resuming from work_dir; the target's embedding stays frozen.
+
+    weights: [N] sampling weights of the training examples (data.source_weights); None reads them in shuffled epochs.
+    """
     torch.manual_seed(cfg.seed)
     embed = target.embed_tokens
     with torch.no_grad():
         target_head = target.lm_head.weight[model.draft_to_target].to(model.fc.weight.dtype)  # [V_d, H]
-    batch_at = batches(train_feats, cfg)
+    batch_at = batches(train_feats, cfg, weights)
 
     def loss(step, generator):
-        batch = batch_at(step)
+        batch = batch_at(step, generator)
         with autocast(cfg, target_head.device):
             value, accs = ttt_loss(model, embed, target_head, batch, cfg)
         return value, {"acc": accs, "tokens": sum(len(f.ids) for f in batch)}
@@ -254,8 +273,11 @@ def autocast(cfg: TrainConfig, device):
 
 
 def train(target, cfg: TrainConfig | None = None, draft_vocab: int = 4096, data_dir=None, work_dir=None,
-          progress: bool = True, log=print) -> tuple[Eagle3Model, Run]:
-    """Data -> draft vocabulary -> captured taps -> TTT training (resumable). -> (model, Run)."""
+          progress: bool = True, log=print, templated_share: float | None = None) -> tuple[Eagle3Model, Run]:
+    """Data -> draft vocabulary -> captured taps -> TTT training (resumable). -> (model, Run).
+
+    templated_share: the fraction of the examples read that answer a templated prompt (data.source_weights).
+    """
     cfg = cfg or TrainConfig()
     work_dir = work_dir_for(target.name, "eagle3", work_dir)
     taps = default_taps(target.num_layers)
@@ -268,8 +290,10 @@ def train(target, cfg: TrainConfig | None = None, draft_vocab: int = 4096, data_
         f"draft vocabulary {len(draft_ids)} covers {coverage:.1%} of them")
     model = new_eagle3(target, draft_ids=draft_ids, taps=taps, seed=cfg.seed).float()
     config = {"taps": list(taps), "draft_vocab_size": len(draft_ids), "draft_vocab_coverage": coverage,
-              "target_dtype_for_taps": str(target.dtype).removeprefix("torch.")}
-    return model, fit(target, model, data.train, data.eval, cfg, work_dir, data.record, config, progress, log)
+              "target_dtype_for_taps": str(target.dtype).removeprefix("torch."), "templated_share": templated_share}
+    weights = None if templated_share is None else source_weights(data.examples, templated_share)
+    return model, fit(target, model, data.train, data.eval, cfg, work_dir, data.record, config, progress, log,
+                      weights)
 
 
 # --- export ------------------------------------------------------------------------------------
@@ -292,6 +316,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (V_d)")
     p.add_argument("--ttt-steps", type=int, default=3, help="drafting steps unrolled in training")
     p.add_argument("--tokens-per-batch", type=int, default=1024, help="text tokens packed into one step")
+    add_share_argument(p)
 
 
 def cli(args, command: str) -> Path:
@@ -301,7 +326,8 @@ def cli(args, command: str) -> Path:
     cfg = TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, tokens_per_batch=args.tokens_per_batch, steps=args.steps,
                       budget_min=args.budget_min, seed=args.seed,
                       **({"eval_every": args.eval_every} if args.eval_every else {}))
-    model, run = train(target, cfg, args.draft_vocab, args.data_dir, args.work_dir, progress=not args.no_progress)
+    model, run = train(target, cfg, args.draft_vocab, args.data_dir, args.work_dir, progress=not args.no_progress,
+                       templated_share=args.templated_share)
     return export(model, target, args.out or shipped_folder("eagle3", target.name), run, command)
 
 

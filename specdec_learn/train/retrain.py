@@ -55,11 +55,11 @@ from . import job
 # step 1,516 in its cap (eight on-demand target forwards a step) and was resumed to 2,929 in 3.2 minutes more
 # (benchmarks/results/retrain/*-h200.recipe.json). Beside the shipped drafters on the Xeon, DFlash and DSpark
 # accepted more and replaced them; EAGLE-3, MTP and the assistant, which drew their answers uniformly, did not
-# (tapped_h200_vs_shipped_xeon_bf16.json). So MTP and the assistant now draw half from the templated answers
-# too, as the three that gained do; EAGLE-3's packed batches cannot draw by source yet.
+# (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now draw half of their answers from
+# the templated prompts too, as the three that gained do.
 PLAN: dict[str, list[str]] = {
-    "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--steps", "3000",
-               "--eval-every", "250"],
+    "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
+               "--steps", "3000", "--eval-every", "250"],
     "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--anchors", "64", "--loss-slots", "7",
                "--templated-share", "0.5", "--steps", "3000", "--eval-every", "600"],
     "dspark": ["--dtype", "bf16", "--layers", "1", "--block-size", "7", "--markov-rank", "32", "--anchors", "64",
