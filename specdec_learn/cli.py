@@ -280,7 +280,7 @@ def _add_train_common(p, defaults: dict) -> None:
     p.add_argument("--out", default=None, help="checkpoint folder (default: specdec_learn/checkpoints/<its name>)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--device", default="cpu",
-                   help="cpu (the default: every shipped drafter was trained so), or cuda (CUDA and ROCm alike)")
+                   help="cpu (the default), or cuda (CUDA and ROCm alike): the same recipe, in minutes, not hours")
     p.add_argument("--data-dir", default=None,
                    help="the dataset (default: the committed corpus, datasets/<target>/; else $SPECDEC_CACHE/data/<target>)")
     p.add_argument("--work-dir", default=None, help="the resumable state (default: $SPECDEC_CACHE/train/<its name>)")

@@ -154,11 +154,10 @@ def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: floa
           eval_every: int | None = None, templated_share: float | None = None) -> tuple[Student, Run]:
     """A fresh assistant (table = E·P), trained on the target's answers; resumes from the work dir.
 
-    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
-    example once per epoch, in a seeded order).
-
     -> (Student, Run); the student's assistant holds the table E·P in its tied
     embedding, and student.table.proj is P, what the checkpoint ships.
+    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
+    example once per epoch, in a seeded order).
     """
     data = training_data(target, kv_layer=kv_layer(target), data_dir=data_dir, progress=progress)
     target.model.requires_grad_(False)
