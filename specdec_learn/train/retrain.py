@@ -54,9 +54,9 @@ from . import job
 # DFlash's 3,000 steps took 4.7 min, DSpark's 5.1, MTP's 4,000 5.5, the assistant's 2,000 4.5. EAGLE-3 reached
 # step 1,516 in its cap (eight on-demand target forwards a step) and was resumed to 2,929 in 3.2 minutes more
 # (benchmarks/results/retrain/*-h200.recipe.json). Beside the shipped drafters on the Xeon, DFlash and DSpark
-# accepted more and replaced them; EAGLE-3, MTP and the assistant, which drew their answers uniformly, did not
-# (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now draw half of their answers from
-# the templated prompts too, as the three that gained do.
+# accepted more and replaced them, and so did MTP, by less; EAGLE-3 and the assistant, which drew their answers
+# uniformly as MTP did, did not (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now
+# draw half of their answers from the templated prompts too, as the three that gained most do.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
