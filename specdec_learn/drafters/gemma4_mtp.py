@@ -210,9 +210,11 @@ class Gemma4AssistantDrafter(Drafter):
             # probability; vLLM gives them none, and caps none of these logits
             logits = logits.masked_fill(logits == logits.min(), float("-inf"))
         elif self.softcap:  # dense logits: soft-capped, as vLLM's logits processor does
-            outside = torch.isneginf(logits)  # a cut head's tokens outside the draft vocabulary (reduce_vocabulary)
+            cut = self.full_head is not None  # a cut head leaves the tokens outside its vocabulary at -inf
+            outside = torch.isneginf(logits) if cut else None  # (reduce_vocabulary)
             logits = self.softcap * torch.tanh(logits / self.softcap)
-            logits = logits.masked_fill(outside, float("-inf"))  # tanh would bring -inf back to -softcap
+            if cut:
+                logits = logits.masked_fill(outside, float("-inf"))  # tanh would bring -inf back to -softcap
         if self.suppress:
             logits[self.suppress] = float("-inf")
         return logits, out.last_hidden_state.to(h.dtype)
