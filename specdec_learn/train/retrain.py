@@ -40,13 +40,13 @@ from . import job
 # shipped drafter's own runs found these slots the ones worth the LM head's cost), ~1.4 h; the draft model
 # ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran ~9x slower:
 # ~4.5 s per held-out answer). DSpark reads the same examples and anchors as DFlash, so the two compare on equal
-# data. DSpark, MTP and the assistant were not timed on the corpus: their counts are estimates from session 3's
-# cached-feature rates. The block drafters and the draft model draw half their steps from the templated
-# examples (the workloads' kinds, 8 % of the corpus): drawn uniformly, DFlash's first run read ~240 of them,
-# reached twice the shipped drafter's held-out accuracy, and was slower than it on the workloads (0.97x vs
-# 1.04x); the draft model's uniform run agreed with the target more than the shipped one overall (0.38 vs
-# 0.25 held out) but less on the templated answers (0.31 vs 0.39); with half its draws templated, the same 700
-# steps gave 0.44 vs 0.39 there and 1.63 vs 1.50 tokens a round at k = 2 on the workloads (AMD EPYC,
+# data. MTP took 0.73 s a step (4,000 in 49 min) and the assistant 0.59 s (2,000 in 20 min), held-out capture
+# included (2026-12-04); DSpark was not timed on the corpus on a CPU. The block drafters and the draft model draw
+# half their steps from the templated examples (the workloads' kinds, 8 % of the corpus): drawn uniformly, DFlash's
+# first run read ~240 of them, reached twice the shipped drafter's held-out accuracy, and was slower than it on the
+# workloads (0.97x vs 1.04x); the draft model's uniform run agreed with the target more than the shipped one overall
+# (0.38 vs 0.25 held out) but less on the templated answers (0.31 vs 0.39); with half its draws templated, the same
+# 700 steps gave 0.44 vs 0.39 there and 1.63 vs 1.50 tokens a round at k = 2 on the workloads (AMD EPYC,
 # benchmarks/results/retrain/). The share of the text a drafter is served is a recipe choice, not a detail.
 # The whole plan is ~10 CPU-hours, several sessions: `start --methods` picks which runs go first.
 # On a GPU (`--device cuda`, passed to every run) it is minutes. On one NVIDIA H200 (2026-12-04) the five
@@ -56,7 +56,9 @@ from . import job
 # (benchmarks/results/retrain/*-h200.recipe.json). Beside the shipped drafters on the Xeon, DFlash and DSpark
 # accepted more and replaced them, and so did MTP, by less; EAGLE-3 and the assistant, which drew their answers
 # uniformly as MTP did, did not (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now
-# draw half of their answers from the templated prompts too, as the three that gained most do.
+# draw half of their answers from the templated prompts too, as the three that gained most do. Rerun so on the
+# Xeon, MTP and the assistant accepted more than the H200 head and the shipped assistant and replaced them
+# (benchmarks/results/costs_bf16_xeon.json); EAGLE-3's run with the templated share is still to be done.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
