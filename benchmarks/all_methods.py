@@ -169,9 +169,9 @@ def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assi
         ids = torch.tensor([target.encode(prompt.text)])  # [1, T]
         for name, extra in variants.items():
             start = time.perf_counter()
-            new = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+            out_ids = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
             seconds[name] += time.perf_counter() - start
-            new = new[0, ids.shape[1] :].tolist()
+            new = out_ids[0, ids.shape[1] :].tolist()
             tokens[name] += len(new)
             same[name] += new == ar_tokens
     ours = tokens["ours"] / seconds["ours"]
