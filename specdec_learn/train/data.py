@@ -288,6 +288,16 @@ def source_weights(examples: list[Example], templated_share: float) -> torch.Ten
     return torch.tensor([share[bool(t)] / counts[bool(t)] for t in templated])
 
 
+def draw_one(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """The index of one example drawn by `weights` [N] (`source_weights`) with `generator`.
+
+    Every trainer that draws by prompt source draws through here, so a step's
+    generator (loop.step_generator) alone decides what it reads, and a resumed
+    run draws what it would have.
+    """
+    return int(torch.multinomial(weights.cpu(), 1, generator=generator))
+
+
 def example_picker(order: list[int], weights: torch.Tensor | None):
     """step, generator -> the index of the example a one-example step reads.
 
@@ -298,7 +308,7 @@ def example_picker(order: list[int], weights: torch.Tensor | None):
     def pick(step: int, generator: torch.Generator) -> int:
         if weights is None:
             return order[step % len(order)]
-        return int(torch.multinomial(weights.cpu(), 1, generator=generator))
+        return draw_one(weights, generator)
 
     return pick
 

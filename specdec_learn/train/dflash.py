@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
-from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
+from .data import add_share_argument, draw_one, prompt_source, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, recipe, train_loop
 
 # --- the blocks of one example --------------------------------------------------
@@ -191,7 +191,7 @@ def block_step(train_feats, num_anchors: int, example_loss, weights: torch.Tenso
         if weights is None:
             i = int(torch.randint(len(train_feats), (1,), generator=generator, device="cpu"))
         else:
-            i = int(torch.multinomial(weights.cpu(), 1, generator=generator))
+            i = draw_one(weights, generator)
         f = train_feats[i]
         anchors = sample_anchors(f.loss_mask, num_anchors, generator)
         if len(anchors) == 0:

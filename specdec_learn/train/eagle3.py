@@ -34,7 +34,7 @@ from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
 from ..limits import cpu_has_bf16
 from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
-from .data import Example, Features, add_share_argument, lengths, source_weights, training_data, work_dir_for
+from .data import Example, Features, add_share_argument, draw_one, lengths, source_weights, training_data, work_dir_for
 from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
 
 
@@ -182,7 +182,7 @@ def batches(features, cfg: TrainConfig, weights: torch.Tensor | None = None):
     def drawn(generator: torch.Generator) -> list[int]:
         batch, n = [], 0
         while True:
-            i = int(torch.multinomial(weights, 1, generator=generator))
+            i = draw_one(weights, generator)
             if batch and n + sizes[i] > cfg.tokens_per_batch:
                 return batch
             batch.append(i)
