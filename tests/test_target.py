@@ -69,3 +69,60 @@ def test_pieces_show_what_each_token_writes(target):
     ids = target.tokenizer.encode(" a\nb", add_special_tokens=False)
     assert "Ġa" in target.tokenizer.convert_ids_to_tokens(ids)
     assert "".join(target.pieces(ids)) == "·a↵b"
+
+
+
+def verify_under(target, implementation, ids, drafts, parents=None):
+    """Prefill `ids`, verify `drafts` with the model's attention set to `implementation`; the logits."""
+    target.model.set_attn_implementation(implementation)
+    state, _ = target.prefill(ids)
+    return target.verify(state, drafts, parents=parents).logits
+
+
+def test_grouped_sdpa_is_transformers_sdpa_without_the_copy():
+    """The attention function alone: 9 query heads on 3 K/V heads, a verify pass's masks (a chain's, a tree's)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specdec_learn.target import grouped_sdpa
+
+    class Attention(torch.nn.Module):  # what the functions read of a layer
+        num_key_value_groups = 3
+        is_causal = True
+
+    torch.manual_seed(0)
+    rows, past = 5, 40
+    chain = torch.ones(rows, past + rows, dtype=torch.bool).tril(past)[None, None]  # [1, 1, n, L]
+    tree = chain.clone()
+    tree[0, 0, 3, past + 2] = False  # a tree row that does not see an earlier row
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(1, rows, 9, 64, dtype=dtype).transpose(1, 2)  # [1, 9, n, 64], strided as in a model
+        k, v = (torch.randn(1, 3, past + rows, 64, dtype=dtype) for _ in range(2))  # [1, 3, L, 64]
+        for mask in (chain, tree, torch.zeros_like(chain, dtype=dtype).masked_fill(~tree, -torch.inf)):
+            ours, _ = grouped_sdpa(Attention(), q, k, v, mask, scaling=0.125)
+            theirs, _ = sdpa_attention_forward(Attention(), q, k, v, mask, scaling=0.125)
+            assert ours.shape == (1, rows, 9, 64)
+            torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
+
+
+def test_grouped_heads_verify_as_transformers_sdpa_does(target):
+    """Target sets attend_grouped_heads on a CPU model; a chain's or a tree's verify pass gives the same logits."""
+    from conftest import tiny_target
+    from specdec_learn.target import GROUPED
+
+    assert target.model.config._attn_implementation == GROUPED
+    assert target.model.config.num_attention_heads != target.model.config.num_key_value_heads
+    tree = [-1, 0, 0, 1]  # node 0 continues `last`, nodes 1 and 2 both continue node 0, node 3 node 1
+    small = tiny_target()  # 4 query heads, 2 K/V heads
+    small.model.to(torch.bfloat16)
+    assert small.model.config._attn_implementation == GROUPED
+    try:
+        for model, prompt, drafts in ((target, target.encode("Name three fruits."), [504, 1183, 28, 30]),
+                                      (small, [1, 5, 9, 33, 17, 8], [40, 41, 7, 99])):
+            for parents in (None, tree):
+                ours = verify_under(model, GROUPED, prompt, drafts, parents)
+                theirs = verify_under(model, "sdpa", prompt, drafts, parents)
+                # equal in every run seen here; the tolerance of test_verify_rows_equal_full_forward_logits (fp32
+                # matmuls on a CPU do not promise the same bits from run to run), far below what a wrong mask moves
+                torch.testing.assert_close(ours, theirs, atol=3e-3, rtol=1e-4)
+    finally:
+        target.model.set_attn_implementation(GROUPED)
