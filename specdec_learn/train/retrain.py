@@ -58,7 +58,8 @@ from . import job
 # uniformly as MTP did, did not (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now
 # draw half of their answers from the templated prompts too, as the three that gained most do. Rerun so on the
 # Xeon, MTP and the assistant accepted more than the H200 head and the shipped assistant and replaced them
-# (benchmarks/results/costs_bf16_xeon.json); EAGLE-3's run with the templated share is still to be done.
+# (benchmarks/results/retrain/mtp_assistant_xeon_vs_previous_bf16.json); EAGLE-3's run with the templated share
+# is still to be done.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
