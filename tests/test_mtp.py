@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import specdec_learn as sd
 from specdec_learn.drafters.mtp import MTPDrafter, load_mtp, random_mtp_head, save_mtp
 from specdec_learn.sampling import GREEDY, Sampling
-from specdec_learn.target import Target
+from specdec_learn.target import Target, cached_length
 
 KS = (1, 2, 4, 7)
 
@@ -36,10 +36,11 @@ def test_mtp_deepseek_layout_chain_parity(target, real_prompts, ar_greedy):
 
 def drive(target, drafter, ids, accepts, k):
     """Run decode rounds by hand, committing `n` of the drafts each round (right or wrong:
-    only the drafter's bookkeeping is under test)."""
+    only the drafter's bookkeeping is under test). k: one for every round, or a list, one per round."""
     state, out = target.prefill(ids, drafter.taps)
     drafter.start(target, state, out.hidden)
-    for n in accepts:
+    ks = k if isinstance(k, list) else [k] * len(accepts)
+    for n, k in zip(accepts, ks, strict=True):
         drafts = drafter.propose(state, k, GREEDY, None).tokens
         out = target.verify(state, drafts, drafter.taps)
         nxt = int(out.logits[n].argmax())
@@ -63,6 +64,21 @@ def test_incremental_drafts_equal_from_scratch(layout, n, depth):
     head = random_mtp_head(target, num_layers=n, layout=layout)
     drafter = MTPDrafter(head, target, depth=depth)
     state = drive(target, drafter, list(range(5, 17)), accepts=[0, 3, 1, 4, 0, 2], k=4)
+    q_inc = drafter.propose(state, 5, Sampling(temperature=1.0), torch.Generator().manual_seed(0)).q
+    q_new = fresh_q(target, MTPDrafter(head, target, depth=depth), state.ids, 5)
+    torch.testing.assert_close(q_inc, q_new, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout,n,depth", [("qwen3_next", 3, None), ("deepseek_v3", 2, None), ("qwen3_next", 1, 3)])
+def test_layers_a_round_does_not_draft_with_wait_and_catch_up_to_the_same_drafts(layout, n, depth):
+    """Rounds of k = 1 and 2 run only the layers they draft with; a round of k = 5 then runs the others over
+    everything they missed, in one pass, and drafts what a drafter that saw the whole sequence at once drafts."""
+    target = tiny_target()
+    head = random_mtp_head(target, num_layers=n, layout=layout)
+    drafter = MTPDrafter(head, target, depth=depth)
+    state = drive(target, drafter, list(range(5, 17)), accepts=[0, 1, 2, 0, 1, 1], k=[1, 1, 2, 2, 1, 2])
+    if drafter.depth > 2:
+        assert cached_length(drafter.caches[-1]) == 0  # the last layer has waited all along
     q_inc = drafter.propose(state, 5, Sampling(temperature=1.0), torch.Generator().manual_seed(0)).q
     q_new = fresh_q(target, MTPDrafter(head, target, depth=depth), state.ids, 5)
     torch.testing.assert_close(q_inc, q_new, atol=1e-5, rtol=1e-4)

@@ -246,7 +246,7 @@ class MTPDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, state, k, sampling, generator) -> Proposal:
         T = len(state.ids) - 1  # positions in the target cache; x_T = state.ids[-1] is `last`
-        outputs = self._catch_up(state.ids, T)
+        outputs = self._catch_up(state.ids, T, layers=min(k, self.depth))
         if outputs is None:  # a one-token prompt: no target hidden state to start from
             return Proposal([])
         committed = [cached_length(c) for c in self.caches]
@@ -273,21 +273,29 @@ class MTPDrafter(Drafter):
             crop_cache(cache, n)  # forget the positions that used draft tokens
         return Proposal(tokens, torch.stack(qs) if qs else None)
 
-    def _catch_up(self, ids: list[int], T: int):
-        """Run each layer over the committed positions it has not seen (teacher forcing).
+    def _catch_up(self, ids: list[int], T: int, layers: int):
+        """Run layers 0..layers-1 over the committed positions they have not seen (teacher forcing).
 
         Layer j at position t reads token x_{t+j+1}, so it can run up to
         t = T-1-j with committed tokens. Its outputs queue up as layer j+1's
         inputs. Returns layer 0's (logits at T-1, output at T-1), or None.
+
+        A round of k drafts reads layers 0..k-1 only, and only layer 0's
+        logits: the others' rows here feed their next layer and caches, not a
+        draft. So the layers a round will not read wait, their inputs queued,
+        until a round with a larger k catches them up in one pass (causal
+        attention gives the same rows in one pass as in many), and only layer
+        0 runs its head. At k = 2 on a depth-3 head that takes one of four
+        layer runs and two of four heads a round away.
         """
         result = None
-        for j in range(self.depth):
+        for j in range(layers):
             start = cached_length(self.caches[j])
             m = min(T - j - start, self.pending[j].shape[1])
             if m <= 0:
                 continue
             step_tokens = ids[start + j + 1 : start + j + 1 + m]
-            logits, out = self._run(j, self.pending[j][:, :m], step_tokens)
+            logits, out = self._run(j, self.pending[j][:, :m], step_tokens, logits=j == 0)
             self.pending[j] = self.pending[j][:, m:]
             if j + 1 < self.depth:
                 self.pending[j + 1] = torch.cat([self.pending[j + 1], out], dim=1)
@@ -297,8 +305,8 @@ class MTPDrafter(Drafter):
             raise RuntimeError("MTP drafter fell out of step with the target: call start() before propose().")
         return result
 
-    def _run(self, j: int, h_in: torch.Tensor, tokens: list[int]):
-        """Layer j over len(tokens) new positions after its cache -> (logits [1, 1, V], h [1, n, H]).
+    def _run(self, j: int, h_in: torch.Tensor, tokens: list[int], logits: bool = True):
+        """Layer j over len(tokens) new positions after its cache -> (logits [1, 1, V] or None, h [1, n, H]).
 
         Only the last position's token is ever drafted, so only its row goes through
         the output head: on a small target the head costs more than the layer.
@@ -315,7 +323,7 @@ class MTPDrafter(Drafter):
         mask = causal_mask(past, n, e.dtype, device)
         step = self.head.step(j % self.head.num_layers)
         out, h_next = step.hidden(e, h_in, pe, mask, cache)
-        return (self.reduced or step.head)(out[:, -1:]), h_next
+        return (self.reduced or step.head)(out[:, -1:]) if logits else None, h_next
 
 
 def rotary(target, x: torch.Tensor, positions: torch.Tensor):
