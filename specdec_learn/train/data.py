@@ -291,9 +291,11 @@ def source_weights(examples: list[Example], templated_share: float) -> torch.Ten
 def draw_one(weights: torch.Tensor, generator: torch.Generator) -> int:
     """The index of one example drawn by `weights` [N] (`source_weights`) with `generator`.
 
-    Every trainer that draws by prompt source draws through here, so a step's
-    generator (loop.step_generator) alone decides what it reads, and a resumed
-    run draws what it would have.
+    The one-example steps (`example_picker`, DFlash's and DSpark's block step)
+    and EAGLE-3's batch packing draw through here, with the step's own
+    generator (loop.step_generator): it alone decides what a step reads, so a
+    resumed run draws what it would have. (The draft model's trainer draws a
+    whole batch at once, with replacement.)
     """
     return int(torch.multinomial(weights.cpu(), 1, generator=generator))
 
