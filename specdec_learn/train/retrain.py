@@ -35,8 +35,10 @@ from . import job
 
 # method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with the
 # most to gain), the draft model last. Sizes measured on the corpus (Intel Xeon, 2 cores, idle, on-demand
-# features: the target's forward runs at ~480 tokens/s in bf16): EAGLE-3 5.1-5.5 s a step (1,024 rows), ~4.4 h
-# (its half-templated run, 2026-12-04: ~2.1 s a step over steps 650-1,225, ~860 tokens a step; not yet explained);
+# features): EAGLE-3 5.1-5.5 s a step (1,024 rows), ~4.4 h, was 2026-12-02's estimate, for a target forward at
+# ~480 tokens/s in bf16. Its half-templated run took ~2.1 s a step (steps 650-1,225, ~860 tokens a step): that
+# forward now runs at ~1,430 tokens/s here (40 training examples, idle, 2026-12-04), ~0.6 s of the step, and the
+# drafter's own step is ~1.35 s (the shipped run's 1,690 steps in 38 min on cached features);
 # DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward serves 64 blocks, and the
 # shipped drafter's own runs found these slots the ones worth the LM head's cost), ~1.4 h; the draft model
 # ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran ~9x slower:
