@@ -38,7 +38,7 @@ from . import job
 # features): EAGLE-3 5.1-5.5 s a step (1,024 rows), ~4.4 h, was 2026-12-02's estimate, for a target forward at
 # ~480 tokens/s in bf16. Its half-templated run took ~2.1 s a step (steps 650-1,225, ~860 tokens a step): that
 # forward now runs at ~1,430 tokens/s here (40 training examples, idle, 2026-12-04), ~0.6 s of the step, and the
-# drafter's own step is ~1.35 s (the shipped run's 1,690 steps in 38 min on cached features);
+# drafter's own step ~1.35 s (the previous head's 1,690 steps took 38 min on cached features);
 # DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one target forward serves 64 blocks, and the
 # shipped drafter's own runs found these slots the ones worth the LM head's cost), ~1.4 h; the draft model
 # ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran ~9x slower:
@@ -61,8 +61,9 @@ from . import job
 # uniformly as MTP did, did not (tapped_h200_vs_shipped_xeon_bf16.json). So EAGLE-3, MTP and the assistant now
 # draw half of their answers from the templated prompts too, as the three that gained most do. Rerun so on the
 # Xeon, MTP and the assistant accepted more than the H200 head and the shipped assistant and replaced them
-# (benchmarks/results/retrain/mtp_assistant_xeon_vs_previous_bf16.json); EAGLE-3's run with the templated share
-# is still to be done.
+# (benchmarks/results/retrain/mtp_assistant_xeon_vs_previous_bf16.json). EAGLE-3, rerun so, replaced its head too:
+# 1.86 / 1.91 tokens a round at k = 3 / 4 against 1.78 / 1.82, 1.76 against 1.79 at k = 2
+# (eagle3_xeon_vs_shipped_bf16.json), and a tie on 34 other held-out prompts (..._broad_bf16.json).
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
