@@ -63,8 +63,8 @@ from . import job
 # head too: 1.86 / 1.91 tokens a round at k = 3 / 4 against 1.78 / 1.82, 1.76 against 1.79 at k = 2
 # (eagle3_xeon_vs_shipped_bf16.json), and a tie on 34 other held-out prompts (..._broad_bf16.json). The assistant's
 # curve was still rising at 2,000 steps; given 6,000 (62 min on the Xeon, 2026-12-05), its first position's held-out
-# accuracy went from 0.47 to 0.61 and it accepted 1.76 / 1.85 / 1.89 tokens a round at k = 2 / 3 / 4 against 1.58 / 1.60
-# / 1.60, 1.36x at k = 2 (assistant_6000_vs_2000_bf16.json): it replaced the 2,000-step assistant.
+# accuracy went from 0.47 to 0.61 and it accepted 1.76 / 1.85 / 1.89 tokens a round at k = 2 / 3 / 4 against
+# 1.58 / 1.60 / 1.60, 1.36x at k = 2 (assistant_6000_vs_2000_bf16.json): it replaced the 2,000-step assistant.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
