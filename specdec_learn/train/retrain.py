@@ -34,37 +34,30 @@ from pathlib import Path
 from . import job
 
 # method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with the most to
-# gain), the draft model last. Sizes measured on the corpus (Intel Xeon, 2 cores, idle, on-demand features): EAGLE-3
-# 5.1-5.5 s a step (1,024 rows), ~4.4 h, was 2026-12-02's estimate, for a target forward at ~480 tokens/s in bf16. Its
-# half-templated run took ~2.1 s a step (steps 650-1,225, ~860 tokens a step): that forward now runs at ~1,430 tokens/s
-# here (40 training examples, idle, 2026-12-04), ~0.6 s of the step, and the drafter's own step ~1.35 s (the previous
-# head's 1,690 steps took 38 min on cached features); DFlash ~1.6 s a step (one example, 64 anchors, slots 1..7: one
-# target forward serves 64 blocks, and the shipped drafter's own runs found these slots the ones worth the LM head's
-# cost), ~1.4 h; the draft model ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16
-# taps also ran ~9x slower: ~4.5 s per held-out answer). DSpark reads the same examples and anchors as DFlash, so the
-# two compare on equal data. MTP took 0.73 s a step (4,000 in 49 min) and the assistant 0.59-0.62 s (2,000 in 20 min,
-# 6,000 in 62), held-out capture included (2026-12-04/05); DSpark was not timed on the corpus on a CPU. The block
-# drafters and the draft model draw half their steps from the templated examples (the workloads' kinds, 8 % of the
-# corpus): drawn uniformly, DFlash's first run read ~240 of them, reached twice the shipped drafter's held-out accuracy,
-# and was slower than it on the workloads (0.97x vs 1.04x); the draft model's uniform run agreed with the target more
-# than the shipped one overall (0.38 vs 0.25 held out) but less on the templated answers (0.31 vs 0.39); with half its
-# draws templated, the same 700 steps gave 0.44 vs 0.39 there and 1.63 vs 1.50 tokens a round at k = 2 on the workloads
-# (AMD EPYC, benchmarks/results/retrain/). The share of the text a drafter is served is a recipe choice, not a detail.
-# The whole plan is ~10 CPU-hours, several sessions: `start --methods` picks which runs go first. On a GPU (`--device
-# cuda`, passed to every run) it is minutes. On one NVIDIA H200 (2026-12-04) the five tapped runs went side by side, as
-# five processes of 2 threads each, each capped at 6.5 minutes of training: DFlash's 3,000 steps took 4.7 min, DSpark's
-# 5.1, MTP's 4,000 5.5, the assistant's 2,000 4.5. EAGLE-3 reached step 1,516 in its cap (eight on-demand target
-# forwards a step) and was resumed to 2,929 in 3.2 minutes more (benchmarks/results/retrain/*-h200.recipe.json). Beside
-# the shipped drafters on the Xeon, DFlash and DSpark accepted more and replaced them, and so did MTP, by less; EAGLE-3
-# and the assistant, which drew their answers uniformly as MTP did, did not (tapped_h200_vs_shipped_xeon_bf16.json). So
-# EAGLE-3, MTP and the assistant now draw half of their answers from the templated prompts too, as the three that gained
-# most do. Rerun so on the Xeon, MTP and the assistant accepted more than the H200 head and the shipped assistant and
-# replaced them (benchmarks/results/retrain/mtp_assistant_xeon_vs_previous_bf16.json). EAGLE-3, rerun so, replaced its
-# head too: 1.86 / 1.91 tokens a round at k = 3 / 4 against 1.78 / 1.82, 1.76 against 1.79 at k = 2
-# (eagle3_xeon_vs_shipped_bf16.json), and a tie on 34 other held-out prompts (..._broad_bf16.json). The assistant's
-# curve was still rising at 2,000 steps; given 6,000 (62 min on the Xeon, 2026-12-05), its first position's held-out
-# accuracy went from 0.47 to 0.61 and it accepted 1.76 / 1.85 / 1.89 tokens a round at k = 2 / 3 / 4 against
-# 1.58 / 1.60 / 1.60, 1.36x at k = 2 (assistant_6000_vs_2000_bf16.json): it replaced the 2,000-step assistant.
+# gain), the draft model last.
+#
+# What a step costs (Intel Xeon, 2 cores, idle, the committed corpus, features computed on demand):
+#   eagle3       ~2.1 s: the target's bf16 forward (~1,430 tokens/s, ~0.6 s) and the drafter's own step (~1.35 s);
+#                2026-12-02's estimate of 5.1-5.5 s assumed a forward at ~480 tokens/s
+#   dflash       ~1.6 s: one example, 64 anchors, loss on slots 1..7 (one target forward serves 64 blocks)
+#   dspark       ~1 s (2026-12-05, a 9,000-step run, niced); it reads the same examples and anchors as DFlash
+#   mtp          0.73 s (4,000 steps in 49 min, held-out capture included)
+#   gemma4_mtp   0.59-0.62 s (2,000 steps in 20 min, 6,000 in 62)
+#   draft_model  ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran
+#                ~9x slower)
+# The whole plan is ~7 CPU-hours at these rates, several sessions: `start --methods` picks which runs go first. On a
+# GPU (`--device cuda`, passed to every run) it is minutes: on one NVIDIA H200 (2026-12-04) the five tapped runs went
+# side by side in 4.5-5.5 minutes each, EAGLE-3 in 9.8 over two calls (benchmarks/results/retrain/*-h200.recipe.json).
+#
+# Why every run draws half its answers from the templated prompts (`--templated-share 0.5`; the workloads' kinds of
+# request, 8 % of the corpus): drawn uniformly, DFlash, the draft model, EAGLE-3 and the assistant learned more of the
+# corpus's held-out answers and no more of the benchmark's kinds; with half their draws templated, each replaced the
+# drafter before it (EAGLE-3 by a little: more at k = 3 and 4, 2 % less at k = 2; benchmarks/results/retrain/,
+# chapter 11). The share of the text a drafter is served is a recipe choice, not a detail.
+#
+# Why the assistant has 6,000 steps: its curve was still rising at 2,000; given 6,000 (2026-12-05) it accepted 1.76 /
+# 1.85 / 1.89 tokens a round at k = 2 / 3 / 4 against 1.58 / 1.60 / 1.60 (assistant_6000_vs_2000_bf16.json). Each
+# shipped drafter's README has the run that made it.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
