@@ -40,12 +40,13 @@ from . import job
 #   eagle3       ~2.1 s: the target's bf16 forward (~1,430 tokens/s, ~0.6 s) and the drafter's own step (~1.35 s);
 #                2026-12-02's estimate of 5.1-5.5 s assumed a forward at ~480 tokens/s
 #   dflash       ~1.6 s: one example, 64 anchors, loss on slots 1..7 (one target forward serves 64 blocks)
-#   dspark       ~1 s (2026-12-05, a 9,000-step run, niced); it reads the same examples and anchors as DFlash
+#   dspark       ~1.1 s (6,000 steps in 116 min, niced, held-out passes included); the same examples and anchors as
+#                DFlash
 #   mtp          0.73 s (4,000 steps in 49 min, held-out capture included)
 #   gemma4_mtp   0.59-0.62 s (2,000 steps in 20 min, 6,000 in 62)
 #   draft_model  ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran
 #                ~9x slower)
-# The whole plan is ~7 CPU-hours at these rates, several sessions: `start --methods` picks which runs go first. On a
+# The whole plan is ~8 CPU-hours at these rates, several sessions: `start --methods` picks which runs go first. On a
 # GPU (`--device cuda`, passed to every run) it is minutes: on one NVIDIA H200 (2026-12-04) the five tapped runs went
 # side by side in 4.5-5.5 minutes each, EAGLE-3 in 9.8 over two calls (benchmarks/results/retrain/*-h200.recipe.json).
 #
@@ -55,16 +56,17 @@ from . import job
 # drafter before it (EAGLE-3 by a little: more at k = 3 and 4, 2 % less at k = 2; benchmarks/results/retrain/,
 # chapter 11). The share of the text a drafter is served is a recipe choice, not a detail.
 #
-# Why the assistant has 6,000 steps: its curve was still rising at 2,000; given 6,000 (2026-12-05) it accepted 1.76 /
-# 1.85 / 1.89 tokens a round at k = 2 / 3 / 4 against 1.58 / 1.60 / 1.60 (assistant_6000_vs_2000_bf16.json). Each
-# shipped drafter's README has the run that made it.
+# Why the assistant and DSpark have 6,000 steps: their curves were still rising at 2,000 and 3,000. Given 6,000
+# (2026-12-05), at k = 2 / 3 / 4 the assistant accepted 1.76 / 1.85 / 1.89 tokens a round against 1.58 / 1.60 / 1.60
+# (assistant_6000_vs_2000_bf16.json), DSpark 1.63 / 1.72 / 1.75 against 1.51 / 1.55 / 1.59
+# (dspark_6000_vs_3000_bf16.json). Each shipped drafter's README has the run that made it.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
     "dflash": ["--dtype", "bf16", "--layers", "1", "--block-size", "16", "--anchors", "64", "--loss-slots", "7",
                "--templated-share", "0.5", "--steps", "3000", "--eval-every", "600"],
     "dspark": ["--dtype", "bf16", "--layers", "1", "--block-size", "7", "--markov-rank", "32", "--anchors", "64",
-               "--templated-share", "0.5", "--steps", "3000", "--eval-every", "600"],
+               "--templated-share", "0.5", "--steps", "6000", "--eval-every", "1000"],
     "mtp": ["--depth", "3", "--templated-share", "0.5", "--steps", "4000", "--eval-every", "500"],
     "gemma4_mtp": ["--templated-share", "0.5", "--steps", "6000", "--eval-every", "500"],
     "draft_model": ["--templated-share", "0.5", "--steps", "3000", "--eval-every", "250"],
