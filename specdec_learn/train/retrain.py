@@ -40,7 +40,7 @@ from . import job
 #   eagle3       ~2.1 s: the target's bf16 forward (~1,430 tokens/s, ~0.6 s) and the drafter's own step (~1.35 s);
 #                2026-12-02's estimate of 5.1-5.5 s assumed a forward at ~480 tokens/s
 #   dflash       ~1.6 s: one example, 64 anchors, loss on slots 1..7 (one target forward serves 64 blocks)
-#   dspark       ~1.1 s (6,000 steps in 116 min, niced, held-out passes included); the same examples and anchors as
+#   dspark       ~1.15 s (6,000 steps in 116 min, niced, held-out passes included); the same examples and anchors as
 #                DFlash
 #   mtp          0.73 s (4,000 steps in 49 min, held-out capture included)
 #   gemma4_mtp   0.59-0.62 s (2,000 steps in 20 min, 6,000 in 62)
