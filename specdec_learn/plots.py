@@ -1,7 +1,8 @@
 """Figures for the book and the CLI (matplotlib only).
 
-Each function takes benchmark records (see bench.py) and returns a Figure, so
-a notebook shows it inline and the CLI saves it to a file.
+Each function takes benchmark records (see bench.py) or training recipes and
+returns a Figure, so a notebook shows it inline and the CLI saves it to a
+file; `training_runs` gives the lines a chapter prints beside a learning curve.
 """
 
 from __future__ import annotations
@@ -192,3 +193,23 @@ def learning_curves(recipes: dict, position: int = 0, ax=None, key: str = "acc")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def training_runs(recipes: dict, positions: int = 1) -> str:
+    """One line per training run: steps, tokens read, minutes, and its held-out accuracy at position 1.
+
+    recipes: {label: a recipe.json as a dict}, as learning_curves takes them. Position 1's accuracy is
+    given at the first and the last evaluation of the curve, how far the run climbed; positions > 1
+    adds a line with the first `positions` drafted positions at the end, how fast later drafts fall off.
+    """
+    width = max(map(len, recipes), default=0)
+    lines = []
+    for label, recipe in recipes.items():
+        curve = [drafted(p["acc"])[0] for p in recipe["held_out_curve"]]
+        line = (f"{label:{width}} {recipe['steps']:>5,} steps, {recipe['tokens_seen']:>9,} tokens, "
+                f"{recipe['train_minutes']:5.1f} min; position 1: {curve[0]:.2f} -> {curve[-1]:.2f}")
+        if positions > 1:
+            end = drafted(recipe["held_out"]["acc"])[:positions]
+            line += f"\n{'':{width}} positions 1-{positions} at the end: " + " ".join(f"{a:.2f}" for a in end)
+        lines.append(line)
+    return "\n".join(lines)
