@@ -24,7 +24,9 @@ the drafter can no longer *propose* a token outside the subset, which only
 costs acceptance when the target wanted one; the verifier decides as before
 (under sampling, q is zero outside the subset and rejection sampling stays
 exact, verify.py). `cut_output_head` puts one in place of an HF model's own
-head (the draft model's, the assistant's).
+head (the draft model's, the assistant's). DSpark's Markov bias, another
+[V x r] product per drafted slot, is cut the same way
+(drafters/dspark.py, `ReducedMarkovHead`).
 
 Glossary: *V_d* = draft vocabulary size; *coverage* = the share of answer
 tokens that fall inside the subset.

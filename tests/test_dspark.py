@@ -13,6 +13,7 @@ from specdec_learn.drafters.dspark import (
     DSparkDrafter,
     DSparkModel,
     MarkovHead,
+    ReducedMarkovHead,
     dspark_config,
     gated_length,
     load_dspark,
@@ -51,6 +52,21 @@ def test_markov_bias_follows_the_tokens_chosen_left_to_right():
     torch.testing.assert_close(rows[1], torch.tensor([0.0, 15.0, 0.0, 20.0]))
     plain, _, _ = markov_draft(base, anchor=0, markov=None, pick=lambda r: int(r.argmax()))
     assert plain == [2, 1, 1]
+
+
+def test_a_cut_markov_head_biases_the_draft_vocabulary_and_nothing_else():
+    """Outside the draft vocabulary the logits are -inf: the cut head leaves zeros there, and reads V_d rows."""
+    torch.manual_seed(0)
+    head = MarkovHead(vocab_size=50, rank=4)
+    ids = [3, 7, 8, 20, 49]
+    cut = ReducedMarkovHead(head, ids)
+    prev = torch.tensor([1, 20, 49])
+    full, reduced = head(prev), cut(prev)  # [3, 50] each
+    torch.testing.assert_close(reduced[:, ids], full[:, ids])
+    outside = torch.ones(50, dtype=torch.bool)
+    outside[ids] = False
+    assert (reduced[:, outside] == 0).all() and cut(torch.tensor(7)).shape == (50,)
+    assert cut.w2.shape == (5, 4)
 
 
 def test_gate_keeps_the_prefix_whose_survival_stays_above_the_threshold():
@@ -109,6 +125,21 @@ def test_dspark_sampling_with_the_markov_head_is_reproducible(target, random_dsp
     a = sd.generate(target, prompt, drafter, k=5, max_new_tokens=16, sampling=sampling, seed=3)
     b = sd.generate(target, prompt, drafter, k=5, max_new_tokens=16, sampling=sampling, seed=3)
     assert a.tokens == b.tokens and len(a.tokens) > 0
+
+
+def test_with_a_draft_vocabulary_the_cut_markov_head_drafts_what_the_full_one_does(target, random_dspark):
+    """The same rounds, greedy and sampled, whether the Markov bias is computed over V or over V_d."""
+    ids = sorted({*range(0, target.vocab_size, 7), *target.eos_ids})
+    cut, uncut = DSparkDrafter(random_dspark, markov=True), DSparkDrafter(random_dspark, markov=True)
+    cut.reduce_vocabulary(ids)
+    uncut.reduce_vocabulary(ids)
+    uncut.markov_bias = lambda: uncut.markov  # the whole W2, over the same cut LM head
+    for sampling in (sd.Sampling(), sd.Sampling(temperature=0.8)):
+        runs = [sd.generate(target, "Name three fruits.", d, k=5, max_new_tokens=16, sampling=sampling, seed=3,
+                            keep_trace=True) for d in (cut, uncut)]
+        drafts = [[r.drafts for r in run.trace] for run in runs]
+        assert drafts[0] == drafts[1] and runs[0].tokens == runs[1].tokens and runs[0].stats.num_drafts > 0
+    assert isinstance(cut.markov_bias(), ReducedMarkovHead) and cut.markov_bias().w2.shape[0] == len(ids)
 
 
 def test_the_anchor_slot_is_a_draft_so_k_can_reach_the_block_size(target, random_dspark):

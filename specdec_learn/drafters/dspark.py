@@ -20,7 +20,8 @@ changes three things.
    j. Drafting becomes a cheap left-to-right pass over the block's logits:
    pick slot 0, look up its bias row for slot 1, pick slot 1, ... Each slot's
    distribution is still an exact categorical (base logits + a bias), so the
-   rejection sampler stays lossless under sampling.
+   rejection sampler stays lossless under sampling. With a draft vocabulary
+   (vocab.py) the bias is computed over its tokens only (ReducedMarkovHead).
 
 3. **The confidence head.** ``c_j = σ(proj([h_j; W1[prev_j]]))`` predicts the
    chance that slot j is accepted *given* the previous ones were (trained
@@ -79,6 +80,32 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.prev_embedding(prev))
 
 
+class ReducedMarkovHead(nn.Module):
+    """The Markov bias over a draft vocabulary (vocab.py): W2's rows `ids` only, zero elsewhere.
+
+    W2 maps r -> V: for SmolLM2 that is 49,152 x 32 weights, read at every
+    drafted slot, more than a one-row product's worth of arithmetic. Outside
+    the draft vocabulary the base logits are -inf (vocab.ReducedHead), so a
+    bias there changes nothing: this head reads V_d of W2's rows, the drafts
+    stay the same, and so do their probabilities.
+    """
+
+    def __init__(self, markov: MarkovHead, ids):
+        super().__init__()
+        self.markov_w1 = markov.markov_w1  # [V, r], shared: one row read per slot
+        w2 = markov.markov_w2.weight.detach()  # [V, r]
+        self.vocab_size = w2.shape[0]
+        self.register_buffer("ids", torch.as_tensor(list(ids), dtype=torch.long, device=w2.device),
+                             persistent=False)  # [V_d] target ids, sorted
+        self.register_buffer("w2", w2[self.ids].clone(), persistent=False)  # [V_d, r]
+
+    def forward(self, prev: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> logit biases [..., V], zero outside the draft vocabulary."""
+        scores = self.markov_w1(prev) @ self.w2.T  # [..., V_d]
+        full = scores.new_zeros(*scores.shape[:-1], self.vocab_size)  # [..., V]
+        return full.index_copy_(-1, self.ids, scores)
+
+
 class ConfidenceHead(nn.Module):
     """c = σ(proj(features)): the chance a slot is accepted if its prefix was."""
 
@@ -91,7 +118,7 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)
 
 
-def markov_draft(base_logits: torch.Tensor, anchor: int, markov: MarkovHead | None, pick):
+def markov_draft(base_logits: torch.Tensor, anchor: int, markov: nn.Module | None, pick):
     """Left to right over the block: slot j's logits = base_j + W2·W1[prev_j].
 
     base_logits [k, V]; `pick(logits_row) -> token id` (argmax or a sample).
@@ -179,6 +206,7 @@ class DSparkDrafter(DFlashDrafter):
             if not 0.0 < gate <= 1.0:
                 raise ValueError(f"gate is a survival threshold in (0, 1], got {gate}.")
         self.markov = model.markov_head if markov else None
+        self.markov_cut = None  # the Markov head over the draft vocabulary, once there is one (markov_bias)
         self.gate = gate
 
     def _slots_explained(self) -> str:
@@ -201,6 +229,22 @@ class DSparkDrafter(DFlashDrafter):
         own = self.model.lm_head  # DeepSpec's checkpoints carry a copy of the target's
         return own if own is not None else self.target.lm_head
 
+    def start(self, target, state, hidden) -> None:
+        super().start(target, state, hidden)
+        self.markov_cut = None  # the model may have moved to the target's device: markov_bias builds it there
+
+    def reduce_vocabulary(self, ids) -> None:
+        super().reduce_vocabulary(ids)
+        self.markov_cut = None
+
+    def markov_bias(self) -> nn.Module | None:
+        """The Markov head drafting uses: cut to the draft vocabulary when there is one (None: no bias)."""
+        if self.markov is None or self.draft_ids is None:
+            return self.markov
+        if self.markov_cut is None:
+            self.markov_cut = ReducedMarkovHead(self.markov, self.draft_ids)
+        return self.markov_cut
+
     @torch.inference_mode()
     def propose(self, state, k, sampling, generator) -> Proposal:
         hidden = self.block_hidden(state)[:k]  # [k, H]; slot j predicts x_{p+j+1}
@@ -210,7 +254,7 @@ class DSparkDrafter(DFlashDrafter):
         def pick(row):
             return draft_token(row, sampling, generator, qs)
 
-        tokens, _, prevs = markov_draft(base, state.ids[-1], self.markov, pick)
+        tokens, _, prevs = markov_draft(base, state.ids[-1], self.markov_bias(), pick)
         if self.gate is not None:
             prev = torch.tensor(prevs, device=hidden.device)
             confidence = torch.sigmoid(self.model.confidence_logits(hidden, prev).float())  # [k]
@@ -227,16 +271,16 @@ class DSparkDrafter(DFlashDrafter):
         does not prune trees: the node budget already bounds the verify cost.
         """
         hidden = self.block_hidden(state)[: tree.depth]  # [depth, H]; slot d predicts depth d + 1
-        anchor = state.ids[-1]
+        anchor, markov = state.ids[-1], self.markov_bias()
         with torch.inference_mode():
             base = self.logits(hidden)  # [depth, V]: the LM head once per slot; nodes differ only by the bias
 
         @torch.inference_mode()
         def expand(path):
             row = base[len(path)]  # [V]
-            if self.markov is not None:
+            if markov is not None:
                 prev = path[-1] if path else anchor
-                row = row + self.markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+                row = row + markov(torch.tensor(prev, device=row.device)).to(row.dtype)
             return top_candidates(slot_probabilities(row[None], sampling)[0], tree.branch)
 
         tokens, parents, _ = best_first(expand, tree)
