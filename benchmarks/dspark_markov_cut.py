@@ -71,9 +71,9 @@ def main() -> None:
     results = {"config": vars(args), "results": {}}
     for name in args.dtypes.split(","):
         target = sd.load("smollm2-135m", dtype=DTYPES[name])
-        results["machine"] = machine_info(target)
+        results["machine"] = {key: v for key, v in machine_info(target).items() if key != "dtype"}  # per result
         r = measure(target, args.k, args.draft_vocab, prompts, args.max_new_tokens)
-        results["results"][name] = r
+        results["results"][name] = {"dtype": str(target.dtype).removeprefix("torch."), **r}
         print(f"{name}: AR step {r['ar_step_ms']:.1f} ms; per drafted token "
               f"{r['whole']['draft_ms_per_token']:.2f} ms (c {r['whole']['c']:.3f}) with the whole Markov bias, "
               f"{r['cut']['draft_ms_per_token']:.2f} ms (c {r['cut']['c']:.3f}) cut to {args.draft_vocab} tokens; "
