@@ -71,7 +71,7 @@ def main() -> None:
     results = {"config": vars(args), "results": {}}
     for name in args.dtypes.split(","):
         target = sd.load("smollm2-135m", dtype=DTYPES[name])
-        results["machine"] = {key: v for key, v in machine_info(target).items() if key != "dtype"}  # per result
+        results["machine"] = {key: v for key, v in machine_info(target).items() if key != "dtype"}  # dtype: each result's
         r = measure(target, args.k, args.draft_vocab, prompts, args.max_new_tokens)
         results["results"][name] = {"dtype": str(target.dtype).removeprefix("torch."), **r}
         print(f"{name}: AR step {r['ar_step_ms']:.1f} ms; per drafted token "

@@ -79,13 +79,13 @@ def test_training_runs_lines_read_the_curve_from_the_first_drafted_slot():
     from specdec_learn.plots import training_runs
 
     nan = float("nan")
-    block = {"steps": 2, "tokens_seen": 200, "train_minutes": 1.25, "held_out": {"acc": [nan, 0.3, 0.1, 0.05]},
+    block = {"steps": 2, "tokens_seen": 200, "train_minutes": 1.5, "held_out": {"acc": [nan, 0.3, 0.1, 0.05]},
              "held_out_curve": [{"step": 1, "tokens_seen": 100, "acc": [nan, 0.2, 0.1]},
                                 {"step": 2, "tokens_seen": 200, "acc": [nan, 0.3, 0.1]}]}
     chain = {"steps": 1200, "tokens_seen": 1_234_567, "train_minutes": 61.5, "held_out": {"acc": [0.25, 0.125]},
              "held_out_curve": [{"step": 1200, "tokens_seen": 1_234_567, "acc": [0.25, 0.125]}]}
     lines = training_runs({"dflash": block, "eagle3, longer": chain}).splitlines()
-    assert lines == ["dflash             2 steps,       200 tokens,   1.2 min; position 1: 0.20 -> 0.30",
+    assert lines == ["dflash             2 steps,       200 tokens,   1.5 min; position 1: 0.20 -> 0.30",
                      "eagle3, longer 1,200 steps, 1,234,567 tokens,  61.5 min; position 1: 0.25 -> 0.25"]
     assert training_runs({"dflash": block}, positions=3).splitlines()[1] == \
         "       positions 1-3 at the end: 0.30 0.10 0.05"  # under the runs, past the labels
