@@ -26,7 +26,7 @@ costs acceptance when the target wanted one; the verifier decides as before
 exact, verify.py). `cut_output_head` puts one in place of an HF model's own
 head (the draft model's, the assistant's). DSpark's Markov bias, another
 [V x r] product per drafted slot, is cut the same way
-(drafters/dspark.py, `ReducedMarkovHead`).
+(`DSparkDrafter.markov_bias` in drafters/dspark.py, a ReducedHead over W2).
 
 Glossary: *V_d* = draft vocabulary size; *coverage* = the share of answer
 tokens that fall inside the subset.

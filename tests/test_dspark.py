@@ -13,7 +13,6 @@ from specdec_learn.drafters.dspark import (
     DSparkDrafter,
     DSparkModel,
     MarkovHead,
-    ReducedMarkovHead,
     dspark_config,
     gated_length,
     load_dspark,
@@ -54,21 +53,6 @@ def test_markov_bias_follows_the_tokens_chosen_left_to_right():
     assert plain == [2, 1, 1]
 
 
-def test_a_cut_markov_head_biases_the_draft_vocabulary_and_nothing_else():
-    """Outside the draft vocabulary the logits are -inf: the cut head leaves zeros there, and reads V_d rows."""
-    torch.manual_seed(0)
-    head = MarkovHead(vocab_size=50, rank=4)
-    ids = [3, 7, 8, 20, 49]
-    cut = ReducedMarkovHead(head, ids)
-    prev = torch.tensor([1, 20, 49])
-    full, reduced = head(prev), cut(prev)  # [3, 50] each
-    torch.testing.assert_close(reduced[:, ids], full[:, ids])
-    outside = torch.ones(50, dtype=torch.bool)
-    outside[ids] = False
-    assert (reduced[:, outside] == 0).all() and cut(torch.tensor(7)).shape == (50,)
-    assert cut.w2.shape == (5, 4)
-
-
 def test_gate_keeps_the_prefix_whose_survival_stays_above_the_threshold():
     c = torch.tensor([0.75, 0.5, 0.5, 1.0])  # survival: 0.75, 0.375, 0.1875, 0.1875 (exact in binary)
     assert gated_length(c, 0.5) == 1
@@ -100,6 +84,24 @@ def random_dspark(target):
         model.confidence_head.proj.weight.zero_()
         model.confidence_head.proj.bias.fill_(torch.logit(torch.tensor(0.6)).item())
     return model
+
+
+def test_a_cut_markov_bias_is_w2_on_the_draft_vocabulary_and_minus_inf_elsewhere(random_dspark):
+    """Outside the draft vocabulary the base logits are -inf already: the cut reads V_d rows of W2."""
+    drafter = DSparkDrafter(random_dspark, markov=True)
+    assert drafter.markov_bias() is drafter.markov  # no draft vocabulary: the whole head
+    ids = [3, 7, 8, 20, 49_151]
+    drafter.reduce_vocabulary(ids)
+    cut, prev = drafter.markov_bias(), torch.tensor([1, 20, 49_151])
+    full, reduced = drafter.markov(prev), cut(prev)  # [3, V] each
+    with torch.no_grad():
+        torch.testing.assert_close(reduced[:, ids], full[:, ids])
+    outside = torch.ones(full.shape[-1], dtype=torch.bool)
+    outside[ids] = False
+    assert (reduced[:, outside] == float("-inf")).all() and cut(torch.tensor(7)).shape == full.shape[-1:]
+    assert cut[1].weight.shape == (5, 16) and drafter.markov_bias() is cut  # built once
+    drafter.reduce_vocabulary(ids[:2])
+    assert drafter.markov_bias()[1].weight.shape == (2, 16)  # a new vocabulary, a new cut
 
 
 @pytest.mark.parametrize("markov,gate,k", [(True, None, 3), (False, None, 7), (True, 0.5, 7), (False, 0.3, 7)])
@@ -139,7 +141,7 @@ def test_with_a_draft_vocabulary_the_cut_markov_head_drafts_what_the_full_one_do
                             keep_trace=True) for d in (cut, uncut)]
         drafts = [[r.drafts for r in run.trace] for run in runs]
         assert drafts[0] == drafts[1] and runs[0].tokens == runs[1].tokens and runs[0].stats.num_drafts > 0
-    assert isinstance(cut.markov_bias(), ReducedMarkovHead) and cut.markov_bias().w2.shape[0] == len(ids)
+    assert cut.markov_bias()[1].weight.shape[0] == len(ids)  # the cut was used
 
 
 def test_the_anchor_slot_is_a_draft_so_k_can_reach_the_block_size(target, random_dspark):

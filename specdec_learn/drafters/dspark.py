@@ -21,7 +21,7 @@ changes three things.
    pick slot 0, look up its bias row for slot 1, pick slot 1, ... Each slot's
    distribution is still an exact categorical (base logits + a bias), so the
    rejection sampler stays lossless under sampling. With a draft vocabulary
-   (vocab.py) the bias is computed over its tokens only (ReducedMarkovHead).
+   (vocab.py) the bias is computed over its tokens only (`markov_bias`).
 
 3. **The confidence head.** ``c_j = σ(proj([h_j; W1[prev_j]]))`` predicts the
    chance that slot j is accepted *given* the previous ones were (trained
@@ -59,6 +59,7 @@ from ..formats import deepspec, speculators
 from ..formats.io import load_strict, read_config
 from ..sampling import draft_token
 from ..tree import best_first, top_candidates
+from ..vocab import ReducedHead
 from .base import Proposal
 from .dflash import DFlashDrafter, DFlashModel, draft_config, slot_probabilities
 
@@ -78,32 +79,6 @@ class MarkovHead(nn.Module):
     def forward(self, prev: torch.Tensor) -> torch.Tensor:
         """Token ids [...] -> logit biases [..., V]."""
         return self.markov_w2(self.prev_embedding(prev))
-
-
-class ReducedMarkovHead(nn.Module):
-    """The Markov bias over a draft vocabulary (vocab.py): W2's rows `ids` only, zero elsewhere.
-
-    W2 maps r -> V: for SmolLM2, 49,152 x 32 weights (3 MB in bf16) read at
-    every drafted slot to give one row of biases. Outside the draft
-    vocabulary the base logits are -inf (vocab.ReducedHead), so a bias there
-    changes nothing: this head reads V_d of W2's rows, and the drafts and
-    their probabilities stay the same.
-    """
-
-    def __init__(self, markov: MarkovHead, ids):
-        super().__init__()
-        self.markov_w1 = markov.markov_w1  # [V, r], shared: one row read per slot
-        w2 = markov.markov_w2.weight.detach()  # [V, r]
-        self.vocab_size = w2.shape[0]
-        self.register_buffer("ids", torch.as_tensor(list(ids), dtype=torch.long, device=w2.device),
-                             persistent=False)  # [V_d] target ids, sorted
-        self.register_buffer("w2", w2[self.ids].clone(), persistent=False)  # [V_d, r]
-
-    def forward(self, prev: torch.Tensor) -> torch.Tensor:
-        """Token ids [...] -> logit biases [..., V], zero outside the draft vocabulary."""
-        scores = self.markov_w1(prev) @ self.w2.T  # [..., V_d]
-        full = scores.new_zeros(*scores.shape[:-1], self.vocab_size)  # [..., V]
-        return full.index_copy_(-1, self.ids, scores)
 
 
 class ConfidenceHead(nn.Module):
@@ -230,19 +205,28 @@ class DSparkDrafter(DFlashDrafter):
         return own if own is not None else self.target.lm_head
 
     def start(self, target, state, hidden) -> None:
-        super().start(target, state, hidden)
-        self.markov_cut = None  # the model may have moved to the target's device: markov_bias builds it there
+        new_target = target is not self.target
+        super().start(target, state, hidden)  # moves the model to the target's device and dtype
+        if new_target:
+            self.markov_cut = None  # as DFlash's cut head: markov_bias builds it anew, on that device
 
     def reduce_vocabulary(self, ids) -> None:
         super().reduce_vocabulary(ids)
         self.markov_cut = None
 
     def markov_bias(self) -> nn.Module | None:
-        """The Markov head drafting uses: cut to the draft vocabulary when there is one (None: no bias)."""
+        """The Markov head drafting uses: cut to the draft vocabulary when there is one (None: no bias).
+
+        W2 maps r -> V: for SmolLM2 49,152 x 32 weights (3 MB in bf16), read at
+        every drafted slot for one row of biases. With a draft vocabulary the
+        base logits are -inf outside it, so the bias there changes nothing: the
+        cut reads W2's V_d rows (a vocab.ReducedHead, -inf elsewhere) and the
+        drafts and their probabilities stay the same.
+        """
         if self.markov is None or self.draft_ids is None:
             return self.markov
-        if self.markov_cut is None:
-            self.markov_cut = ReducedMarkovHead(self.markov, self.draft_ids)
+        if self.markov_cut is None:  # ids -> W1 rows [.., r] -> biases [.., V]
+            self.markov_cut = nn.Sequential(self.markov.markov_w1, ReducedHead(self.markov.markov_w2, self.draft_ids))
         return self.markov_cut
 
     @torch.inference_mode()
