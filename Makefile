@@ -76,10 +76,18 @@ bench: $(VENV)/.bench
 		--workload humaneval --prompts 10 --max-new-tokens 128 --dtype bf16 \
 		--json results/bench.json --plot results/bench.png
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file or a chapter to each; every
+# worker, and what it starts (a CLI run, a notebook kernel), gets its share of the cores in threads.
+# A batch-1 decode step barely speeds up with a second thread, so two one-thread workers on two
+# cores finish the suite in about half the time of one two-thread process (README, "Two commands").
+TEST_WORKERS ?= 2
+TEST_THREADS := $(shell $(PYTHON) -c "import os; print(max(1, min(2, (os.cpu_count() or 1) // $(TEST_WORKERS))))")
+IN_PARALLEL  := OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
-	$(PY) -m pytest -q -m "not vllm" --durations=15
+	$(IN_PARALLEL) -q -m "not vllm" --durations=15
 	# every chapter re-run in quick mode, its outputs compared with the stored ones
-	SPECDEC_QUICK=1 $(PY) -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
+	SPECDEC_QUICK=1 $(IN_PARALLEL) -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py
 
 test-vllm: $(VLLM_VENV)/.installed

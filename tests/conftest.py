@@ -80,7 +80,8 @@ def learned_drafter(name: str, target):
 
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    """OMP_NUM_THREADS where set (`make test` sets each parallel worker's share of the cores), else two at most."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))
 
 
 @pytest.fixture(scope="session")
