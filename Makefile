@@ -81,8 +81,8 @@ bench: $(VENV)/.bench
 # A batch-1 decode step barely speeds up with a second thread, so two one-thread workers on two
 # cores finish the suite in about half the time of one two-thread process (README, "Two commands").
 TEST_WORKERS ?= 2
-TEST_THREADS := $(shell $(PYTHON) -c "import os; print(max(1, min(2, (os.cpu_count() or 1) // $(TEST_WORKERS))))")
-IN_PARALLEL  := OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+TEST_THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(2, (os.cpu_count() or 1) // $(TEST_WORKERS))))")
+IN_PARALLEL   = OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	$(IN_PARALLEL) -q -m "not vllm" --durations=15

@@ -7,12 +7,12 @@ LM head, but its Markov bias W2 · W1[prev] was still computed over all V
 tokens at every drafted slot, although the base logits are -inf outside the
 draft vocabulary. `DSparkDrafter.markov_bias` now cuts it to V_d rows (a
 vocab.ReducedHead over W2). This benchmark runs the shipped drafter both
-ways, with the same cut LM head, prompt by prompt in turns (AR, then the cut
-bias, then the whole one), greedy, on held-out mixed prompts: the drafts must be the
-same, and what differs is the draft time. It prints ms per drafted token and
-c (that over one AR step, AR measured in the same turns) and writes a JSON
-file. A benchmark, not a test; the README records the figures with the
-machine.
+ways, with the same cut LM head, prompt by prompt in turns (AR, then the
+cut bias, then the whole one), greedy, on held-out mixed prompts: the drafts
+must be the same, and what differs is the draft time. It prints ms per
+drafted token and c (that over one AR step, AR measured in the same turns)
+and writes a JSON file. A benchmark, not a test; the README records the
+figures with the machine.
 """
 
 from __future__ import annotations
