@@ -103,6 +103,28 @@ def test_training_lowers_the_loss_resumes_and_ships_a_working_drafter(tiny_setup
     assert sd.generate(target, prompt, drafter, k=3, max_new_tokens=20).tokens == ar.tokens
 
 
+def test_a_dspark_run_can_start_from_a_checkpoint_and_its_recipe_names_it(tiny_setup, tmp_path):
+    import hashlib
+
+    target, data, out = tiny_setup
+    sizes = dict(layers=1, markov_rank=4, lr=1e-2, num_anchors=8, data_dir=data, progress=False)
+    model, run = dspark.train(target, block_size=4, steps=6, **sizes)
+    dspark.export(model, target, out, run)
+
+    started, run = dspark.train(target, block_size=4, steps=0, work_dir=tmp_path / "warm", init_from=out, **sizes)
+    saved = load_dspark(out).state_dict()  # bf16 on disk: the run starts from exactly those values
+    assert all(torch.equal(t.float(), saved[name].float()) for name, t in started.state_dict().items())
+    start = run.config["init_from"]
+    assert start["steps"] == 6 and start["folder"] == str(out) and not run.config["init_from_target"]
+    assert start["sha256"]["model.safetensors"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+
+    with pytest.raises(ValueError, match=r"trained with block_size 4 \(this run: 5\)"):
+        dspark.train(target, block_size=5, steps=0, work_dir=tmp_path / "other", init_from=out, **sizes)
+    with pytest.raises(ValueError, match="markov_head.markov_w1.weight has shape"):
+        dspark.train(target, block_size=4, steps=0, work_dir=tmp_path / "other",
+                     init_from=out, **{**sizes, "markov_rank": 8})
+
+
 # -- the mix of prompt sources a run reads --------------------------------------------------------
 
 

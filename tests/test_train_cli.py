@@ -16,7 +16,7 @@ OWN = {  # each method's own flags: no other method accepts them unless it has i
     "dflash": ["--dtype", "--layers", "--block-size", "--anchors", "--gamma", "--loss-slots",
                "--templated-share"],
     "dspark": ["--dtype", "--layers", "--block-size", "--markov-rank", "--anchors", "--gamma",
-               "--templated-share"],
+               "--init-from", "--templated-share"],
     "mtp": ["--depth", "--beta", "--max-rows", "--templated-share"],
     "gemma4_mtp": ["--depth", "--beta", "--anchors", "--hidden-size", "--layers", "--templated-share"],
     "draft_model": ["--batch", "--hidden", "--layers", "--templated-share"],
@@ -111,3 +111,10 @@ def test_train_data_names_the_committed_corpus_instead_of_writing_into_it(tmp_pa
     assert sorted(p.name for p in folder.iterdir()) == before
     with pytest.raises(ValueError, match="is a corpus store"):
         data.build_dataset(None, folder, [])
+
+
+def test_a_warm_start_may_not_write_over_the_checkpoint_it_starts_from(tmp_path, capsys):
+    target, folder = tiny_target_folder(tmp_path / "tiny"), tmp_path / "dspark"
+    assert main(["train", "dspark", "--target", str(target), "--init-from", str(folder), "--out", str(folder)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]  # not the progress bars
+    assert len(errors) == 1 and errors[0].startswith(f"specdec: error: --init-from {folder} is where this run would write")

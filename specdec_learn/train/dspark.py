@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
-from ..drafters.dspark import DSparkModel, dspark_config, save_dspark
+from ..drafters.dspark import DSparkModel, dspark_config, load_dspark, save_dspark
 from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
 from .dflash import (
     block_hidden,
@@ -47,7 +47,7 @@ from .dflash import (
     shared_taps,
     slot_accuracy,
 )
-from .loop import Budget, Run, export as export_folder, recipe, train_loop
+from .loop import Budget, Run, export as export_folder, recipe, train_loop, warm_start
 
 
 def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_mask, anchors,
@@ -81,16 +81,23 @@ def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_
     return loss, {"acc": slot_accuracy(logits, labels, valid), "tv": tv.mean()}
 
 
+# settings a checkpoint must share with a run that starts from it (no tensor's shape shows them)
+STARTS_FROM = ("block_size", "target_layer_ids", "mask_token_id", "markov_head_type", "confidence_head_with_markov")
+
+
 # --- training: data -> loss -> the loop -------------------------------------------------------
 
 
 def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, steps: int = 2000, lr: float = 1e-3,
           budget_min: float | None = None, num_anchors: int = 16, gamma: float = 4.0, seed: int = 0, init: bool = True,
           work_dir=None, data_dir=None, progress: bool = True, log=print,
-          eval_every: int | None = None, templated_share: float | None = None) -> tuple[DSparkModel, Run]:
+          eval_every: int | None = None, templated_share: float | None = None,
+          init_from=None) -> tuple[DSparkModel, Run]:
     """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run).
 
     templated_share: the fraction of steps that read a templated example (data.source_weights; default: uniform).
+    init_from: a DSpark checkpoint folder of the same shape to start from (loop.warm_start) instead of the
+    target's last layer; `init` is then unused.
     """
     taps = shared_taps(target)
     data = training_data(target, taps, data_dir=data_dir, progress=progress)
@@ -101,7 +108,11 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
     if model.markov_head is not None:
         torch.nn.init.normal_(model.markov_head.markov_w1.weight, std=0.02)
         torch.nn.init.zeros_(model.markov_head.markov_w2.weight)  # start with no bias: the pure backbone
-    if init:
+    start = None
+    if init_from is not None:
+        start = warm_start(model, load_dspark(init_from), init_from, "DSpark checkpoint",
+                           {key: getattr(cfg, key) for key in STARTS_FROM})
+    elif init:
         init_from_target(model, target)
     embed, lm_head = frozen_parts(target)
 
@@ -109,7 +120,10 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
         return dspark_loss(model, embed, lm_head, f.taps.float(), f.last, f.ids, f.loss_mask, anchors, gamma)
 
     config = {"layers": layers, "block_size": block_size, "markov_rank": markov_rank, "num_anchors": num_anchors,
-              "gamma": gamma, "taps": list(taps), "init_from_target": init, "templated_share": templated_share}
+              "gamma": gamma, "taps": list(taps), "init_from_target": init and start is None,
+              "templated_share": templated_share}
+    if start is not None:
+        config["init_from"] = start
     weights = None if templated_share is None else source_weights(data.examples, templated_share)
     sources = [prompt_source(ex.id) for ex in data.held_out]
     run = train_loop(model, block_step(data.train, num_anchors, example_loss, weights), Budget(steps, budget_min),
@@ -141,6 +155,9 @@ def add_arguments(p) -> None:
     p.add_argument("--markov-rank", type=int, default=32, help="rank of the Markov head's bias (0: none)")
     p.add_argument("--anchors", type=int, default=16, help="blocks per example and step")
     p.add_argument("--gamma", type=float, default=4.0, help="slot k's weight is exp(-k/gamma)")
+    p.add_argument("--init-from", default=None, metavar="FOLDER",
+                   help="start from this DSpark checkpoint's weights (e.g. the shipped one), with a new optimiser "
+                        "and schedule: to train a drafter on when the state of its run is gone")
     add_share_argument(p)
 
 
@@ -148,11 +165,15 @@ def cli(args, command: str) -> Path:
     from ..target import load
 
     target = load(args.target, dtype=args.dtype, device=args.device)
+    out = Path(args.out or shipped_folder("dspark", target.name))
+    if args.init_from and Path(args.init_from).resolve() == out.resolve():
+        raise ValueError(f"--init-from {args.init_from} is where this run would write its drafter: give --out "
+                         "another folder, so the checkpoint it starts from stays as its recipe names it.")
     model, run = train(target, args.layers, args.block_size, args.markov_rank, args.steps, args.lr, args.budget_min,
                        args.anchors, args.gamma, args.seed, work_dir=args.work_dir, data_dir=args.data_dir,
                        progress=not args.no_progress, eval_every=args.eval_every,
-                       templated_share=args.templated_share)
-    return export(model, target, args.out or shipped_folder("dspark", target.name), run, command)
+                       templated_share=args.templated_share, init_from=args.init_from)
+    return export(model, target, out, run, command)
 
 
 if __name__ == "__main__":  # python -m specdec_learn.train.dspark ... is specdec train dspark ...

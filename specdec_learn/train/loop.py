@@ -19,6 +19,11 @@ loss is the same, so it is written once:
   is read with ``weights_only=True``, so a crafted file cannot run code. Every
   step's randomness comes from a generator seeded by (seed, step), so a run
   stopped and resumed takes exactly the steps an uninterrupted run takes.
+* **A warm start** (`warm_start`), when asked: a run may begin from a
+  trained checkpoint's weights instead of a fresh drafter, with a new
+  optimiser and a new schedule, to train a shipped drafter for longer when
+  the state of the run that made it is gone (it lives in one machine's
+  cache). recipe.json names the checkpoint it started from, by hash.
 * **An evaluation hook**, called every `eval_every` steps and at the end, on
   held-out examples: per-step (or per-slot) accuracy, the number that
   predicts acceptance.
@@ -31,6 +36,7 @@ loss is the same, so it is written once:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -43,7 +49,7 @@ from typing import Callable
 
 import torch
 
-from ..formats.io import partial_dir, replace_dir
+from ..formats.io import load_strict, partial_dir, replace_dir, safetensors_files
 
 STATE = "state.pt"  # in the work dir: everything a resumed run needs
 RECIPE = "recipe.json"  # beside the weights: how they were made
@@ -118,6 +124,34 @@ def load_state(file: Path) -> dict | None:
         raise ValueError(f"{file} is not a training state of this loop (it lacks {sorted(missing)}); "
                          "delete it to start this run over.")
     return state
+
+
+# --- a warm start ------------------------------------------------------------------------------
+
+
+def warm_start(module: torch.nn.Module, checkpoint: torch.nn.Module, folder, what: str, config_keys: dict) -> dict:
+    """Copy `checkpoint`'s weights (loaded from `folder`) into the fresh `module`: the run starts from them.
+
+    config_keys: {name: this run's value} that must equal the checkpoint's config (`checkpoint.config`):
+    settings that no tensor's shape shows (a block size, the taps) but that the weights were trained for.
+    -> the record of where the run started, for recipe.json: the folder, the sha256 of its weight files,
+    and the steps, tokens and command of the run that made it (its recipe.json, when it has one).
+    """
+    folder = Path(folder)
+    theirs = {key: getattr(checkpoint.config, key, None) for key in config_keys}
+    differ = {key: (theirs[key], ours) for key, ours in config_keys.items() if theirs[key] != ours}
+    if differ:
+        said = ", ".join(f"{key} {was!r} (this run: {now!r})" for key, (was, now) in differ.items())
+        raise ValueError(f"{what} {folder} was trained with {said}: pass those settings to start from it.")
+    load_strict(module, checkpoint.state_dict(), f"{what} {folder} as this run's start")
+    record = {"folder": str(folder), "sha256": {}}
+    for file in safetensors_files(folder):
+        with open(file, "rb") as f:
+            record["sha256"][file.name] = hashlib.file_digest(f, "sha256").hexdigest()
+    if (folder / RECIPE).is_file():
+        made = json.loads((folder / RECIPE).read_text(encoding="utf-8"))
+        record.update({key: made.get(key) for key in ("steps", "tokens_seen", "command")})
+    return record
 
 
 # --- the run ----------------------------------------------------------------------------------
