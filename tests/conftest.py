@@ -6,7 +6,10 @@ cannot flip an argmax. Tiny random models stand in where a test needs a model
 that is cheap or deliberately bad.
 """
 
+import hashlib
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,10 +59,11 @@ def greedy_equals_ar(target, prompt, max_new_tokens, ar, drafter, ks=(2, 4)):
     return total
 
 
-def learned_drafter(name: str, target):
+def learned_drafter(name: str, target, block_size: int | None = None):
     """A random-weight drafter of a learned method that reads `target`'s hidden states, shaped for it.
 
     Untrained, so the verifier alone decides the output: what a losslessness test on a tiny target needs.
+    block_size: DFlash's or DSpark's block (default 8 and 7).
     """
     from specdec_learn.drafters.dflash import DFlashDrafter, DFlashModel, draft_config
     from specdec_learn.drafters.dspark import DSparkDrafter, DSparkModel, dspark_config
@@ -72,9 +76,9 @@ def learned_drafter(name: str, target):
     if name == "eagle3":
         return Eagle3Drafter(new_eagle3(target), target)
     if name == "dflash":
-        return DFlashDrafter(DFlashModel(draft_config(target, block_size=8)))
+        return DFlashDrafter(DFlashModel(draft_config(target, block_size=block_size or 8)))
     if name == "dspark":
-        return DSparkDrafter(DSparkModel(dspark_config(target, block_size=7)))
+        return DSparkDrafter(DSparkModel(dspark_config(target, block_size=block_size or 7)))
     raise ValueError(f"no learned drafter {name!r}")
 
 
@@ -87,7 +91,42 @@ def _threads():
 @pytest.fixture(scope="session")
 def ar_greedy(target, real_prompts):
     """Plain greedy decoding of `real_prompts`, MAX_NEW tokens each: the reference for parity tests."""
-    return [sd.generate(target, p, max_new_tokens=MAX_NEW) for p in real_prompts]
+    return cached_ar(target, real_prompts, MAX_NEW)
+
+
+def library_digest() -> str:
+    """SHA-256 over the library's source files: a change anywhere in it makes a new AR reference."""
+    digest = hashlib.sha256()
+    root = Path(sd.__file__).parent
+    for file in sorted(root.rglob("*.py")):
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_ar(target, prompts: list[str], max_new_tokens: int) -> list[sd.Generation]:
+    """AR's greedy outputs of `prompts`, computed once per (model, dtype, torch, transformers, library source).
+
+    Kept under the library's cache folder, so that each test worker and each step of `make test` (the vLLM
+    venv's tests compare with the same outputs) reads what the first one computed; a lock makes the others
+    wait for it. The reference itself is checked against HF generate in test_parity.py. Its Stats are empty.
+    """
+    import fcntl
+
+    import transformers
+
+    from specdec_learn.formats.io import write_text_atomic
+    from specdec_learn.models import cache_dir
+
+    key = json.dumps([target.name, str(target.dtype), torch.__version__, transformers.__version__, library_digest(),
+                      prompts, max_new_tokens])
+    file = cache_dir() / "test-ar" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with open(file.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not file.exists():
+            outs = [sd.generate(target, p, max_new_tokens=max_new_tokens) for p in prompts]
+            write_text_atomic(file, json.dumps([[o.prompt_ids, o.tokens, o.text] for o in outs]))
+    return [sd.Generation(prompt_ids, tokens, text, sd.Stats()) for prompt_ids, tokens, text in json.loads(file.read_text())]
 
 
 def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: int = 2):
@@ -99,9 +138,10 @@ def tiny_target(vocab_size: int = 128, seed: int = 0, hidden: int = 32, layers: 
 
 # A drafter that is almost never right (random weights) or always right (the target itself) takes nearly
 # the same path every round, whatever the text, so four of the real prompts cover it: one per workload and
-# the one that stops at EOS. Drafters that are right some of the time (n-gram, suffix, the shipped ones)
-# get all ten at k = FULL_K, where the text decides how much of each block is kept, and the same four at
-# the other k (and in trees): any prompt with partial acceptances exercises a k's rollbacks.
+# the one that stops at EOS. The cheap drafters that are right some of the time (n-gram, suffix) get all ten
+# at k = FULL_K, where the text decides how much of each block is kept, and the same four at the other k:
+# any prompt with partial acceptances exercises a k's rollbacks. The shipped learned drafters, each a model
+# of its own, get the same four at k = FULL_K (test_shipped.py), and tiny targets run the other k.
 SAME_PATH_PROMPTS = (0, 3, 6, 9)
 FULL_K = 3
 
@@ -109,11 +149,6 @@ FULL_K = 3
 def same_path(items: list) -> list:
     """The SAME_PATH_PROMPTS of `real_prompts`, or of its AR outputs (`ar_greedy`)."""
     return [items[i] for i in SAME_PATH_PROMPTS]
-
-
-def prompts_for(k: int, items: list) -> list:
-    """All of `items` (real prompts or their AR outputs) at k = FULL_K, the same_path four at any other k."""
-    return items if k == FULL_K else same_path(items)
 
 
 def check_parity(target, prompts, ar_outputs, drafter, k, max_new_tokens=MAX_NEW):

@@ -1,10 +1,11 @@
-"""The Gemma 4 assistant: lossless, reads (never grows) the target's KV cache, HF format round trip."""
+"""The Gemma 4 assistant: reads (never grows) the target's KV cache, HF format round trip, the rules HF and vLLM
+disagree on."""
 
 import copy
 
 import pytest
 import torch
-from conftest import MAX_NEW, same_path, tiny_target
+from conftest import tiny_target
 
 import specdec_learn as sd
 from specdec_learn.drafters.gemma4_mtp import (
@@ -18,17 +19,16 @@ from specdec_learn.sampling import GREEDY, Sampling
 from specdec_learn.target import Target
 from specdec_learn.vocab import ReducedHead
 
-KS = (1, 3, 5, 7)
 SAMPLED = Sampling(temperature=1.0)
 
 
 @pytest.mark.slow
-def test_assistant_greedy_parity_real_prompts(target, real_prompts, ar_greedy):
-    assistant = random_assistant(target, hidden_size=64, num_layers=2)
-    for i, (prompt, ar) in enumerate(zip(same_path(real_prompts), same_path(ar_greedy))):  # random: never right
-        k = KS[i % len(KS)]
-        out = sd.generate(target, prompt, Gemma4AssistantDrafter(assistant, target), k=k, max_new_tokens=MAX_NEW)
-        assert out.tokens == ar.tokens, f"k={k} differs from AR on {prompt[:40]!r}"
+def test_an_assistant_shaped_for_the_real_target_runs_losslessly(target, real_prompts, ar_greedy):
+    """assistant_config_for on SmolLM2 (head size 64, 3 K/V heads, its RoPE): one short run at k = 7.
+    Lossless decoding at every k: test_lossless_tiny.py; the shipped assistant: test_shipped.py."""
+    drafter = Gemma4AssistantDrafter(random_assistant(target, hidden_size=64, num_layers=2), target)
+    out = sd.generate(target, real_prompts[0], drafter, k=7, max_new_tokens=8)
+    assert out.tokens == ar_greedy[0].tokens[:8] and out.stats.num_draft_tokens > 0
 
 
 def started(target, drafter, ids):

@@ -4,9 +4,8 @@ import pytest
 
 import specdec_learn as sd
 from specdec_learn.drafters.suffix import SuffixTrie, speculate
-from specdec_learn.sampling import Sampling
 
-from conftest import MAX_NEW, check_parity, prompts_for
+from conftest import FULL_K, MAX_NEW, check_parity, tiny_target
 
 
 def test_trie_counts_every_bounded_substring():
@@ -47,9 +46,9 @@ def test_bad_settings_are_refused():
         sd.SuffixDrafter(max_depth=1)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-def test_suffix_is_lossless(target, real_prompts, ar_greedy, k):
-    stats = check_parity(target, prompts_for(k, real_prompts), prompts_for(k, ar_greedy), sd.SuffixDrafter(), k)
+def test_suffix_is_lossless(target, real_prompts, ar_greedy):
+    """All ten real prompts at FULL_K; other k on a tiny target (test_lossless_tiny.py)."""
+    stats = check_parity(target, real_prompts, ar_greedy, sd.SuffixDrafter(), FULL_K)
     assert stats.num_draft_tokens > 0
 
 
@@ -66,21 +65,15 @@ def test_global_tree_learns_from_earlier_outputs_and_forgets(target, real_prompt
     assert not drafter.cached_outputs and drafter.global_trie.root.children == {}
 
 
-def test_oldest_output_is_evicted(target):
-    drafter = sd.SuffixDrafter(max_cached_requests=1)
-    for prompt in ("Name a colour.", "Name a fruit.", "Name a tree."):
-        sd.generate(target, prompt, drafter, k=2, max_new_tokens=6)
-    sd.generate(target, "Name a bird.", drafter, k=2, max_new_tokens=6)  # files the third output
-    assert len(drafter.cached_outputs) == 1
+def test_oldest_output_is_evicted():
+    tiny, drafter = tiny_target(), sd.SuffixDrafter(max_cached_requests=1)
+    outputs = [sd.generate(tiny, [3, 4 + i, 5, 6 + i], drafter, k=2, max_new_tokens=6).tokens for i in range(3)]
+    sd.generate(tiny, [3, 9, 5], drafter, k=2, max_new_tokens=6)  # files the third output
+    assert len({tuple(o) for o in outputs}) == 3  # three different outputs: which one stayed shows
+    assert list(drafter.cached_outputs) == [outputs[2]]
     only = SuffixTrie(drafter.max_depth)
-    only.add(drafter.cached_outputs[0])
+    only.add(outputs[2])
     assert _as_dict(drafter.global_trie.root) == _as_dict(only.root)
-
-
-def test_sampling_through_suffix_drafts_runs(target, real_prompts):
-    out = sd.generate(target, real_prompts[0], sd.SuffixDrafter(), k=3, max_new_tokens=16,
-                      sampling=Sampling(temperature=0.8), seed=0)
-    assert len(out.tokens) == 16 or out.tokens[-1] in target.eos_ids
 
 
 def test_every_bench_run_starts_with_an_empty_global_tree(target):
@@ -88,7 +81,7 @@ def test_every_bench_run_starts_with_an_empty_global_tree(target):
     from specdec_learn.bench import bench
     from specdec_learn.workloads import load_workload
 
-    prompts = load_workload("edits", n=2)
+    prompts = load_workload("edits", n=1)  # run twice: without a fresh tree, the second run would know its answer
     first, second = bench(target, ["suffix"], {"suffix": [2, 2]}, prompts, max_new_tokens=12, progress=False)[1:]
     assert first.stats.num_accepted_tokens == second.stats.num_accepted_tokens
     assert first.outputs == second.outputs
