@@ -1,15 +1,42 @@
-"""`specdec bench` end to end: the JSON interface the book and outside checks drive."""
+"""`specdec bench` end to end: the JSON interface the book and outside checks drive.
+
+The commands run in this process, on the session's `target`: `reuse_target` hands it to the CLI wherever the
+CLI would load the same model (test_every_method.py keeps the real load path).
+"""
 
 import json
 
+import pytest
+
+import specdec_learn.cli as cli
 from specdec_learn.cli import main
+from specdec_learn.models import default_device, resolve_dtype
 
 
-def test_bench_writes_table_json_and_plot(tmp_path, capsys, target):
+def reuse_target(monkeypatch, target) -> None:
+    """Make the CLI's `load` return `target` when asked for it (name, dtype and device as resolved), else load."""
+    load = cli.load
+
+    def load_or_reuse(name="smollm2-135m", dtype=None, device=None, cache_dir=None):
+        resolved = device or default_device()
+        asked = (name, resolve_dtype(dtype, resolved), resolved, cache_dir)
+        if asked == (target.name, target.dtype, str(target.device), None):
+            return target
+        return load(name, dtype=dtype, device=device, cache_dir=cache_dir)
+
+    monkeypatch.setattr(cli, "load", load_or_reuse)
+
+
+@pytest.fixture(autouse=True)
+def _reuse_target(monkeypatch, target):
+    reuse_target(monkeypatch, target)
+
+
+def test_bench_writes_table_json_and_plot(tmp_path, capsys):
     out, fig = tmp_path / "results.json", tmp_path / "bench.png"
     rc = main([
         "bench", "--model", "smollm2-135m", "--methods", "ar,ngram", "--k", "1,3", "--workload", "math",
-        "--prompts", "2", "--max-new-tokens", "12", "--dtype", "fp32", "--json", str(out), "--plot", str(fig),
+        "--prompts", "1", "--max-new-tokens", "12", "--dtype", "fp32", "--json", str(out), "--plot", str(fig),
         "--no-progress",
     ])
     assert rc == 0
@@ -20,23 +47,29 @@ def test_bench_writes_table_json_and_plot(tmp_path, capsys, target):
     assert data["machine"]["dtype"] == "float32"
     records = {(r["method"], r["k"]): r for r in data["results"]}
     assert set(records) == {("ar", 0), ("ngram", 1), ("ngram", 3)}
+    ar = records[("ar", 0)]
     for r in records.values():
         for key in ("tok_per_s", "speedup", "mean_acceptance_length", "per_position_acceptance", "greedy_match"):
             assert key in r
         assert r["greedy_match"] == 1.0  # fp32 greedy: lossless
         assert len(r["per_position_acceptance"]) <= r["k"]
-    assert records[("ar", 0)]["speedup"] == 1.0
+    for k in (1, 3):  # the n-gram rows, by the definitions (stats.py, bench.compare_to_ar)
+        r = records[("ngram", k)]
+        assert r["num_drafts"] > 0 and r["num_accepted_tokens"] > 0
+        assert r["speedup"] == pytest.approx(r["tok_per_s"] / ar["tok_per_s"])
+        assert r["mean_acceptance_length"] == pytest.approx(1 + sum(r["per_position_acceptance"]))
+        assert r["mean_acceptance_length"] == pytest.approx(1 + r["num_accepted_tokens"] / r["num_drafts"])
     assert fig.stat().st_size > 10_000
 
 
-def test_generate_command(capsys, target):
+def test_generate_command(capsys):
     assert main(["generate", "--prompt", "Say hi.", "--method", "ngram", "--k", "2", "--max-new-tokens", "8",
                  "--dtype", "fp32"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "mean acceptance length" in captured.err
 
 
-def test_bench_runs_another_drafter_folder_beside_the_default(tmp_path, capsys, target):
+def test_bench_runs_another_drafter_folder_beside_the_default(tmp_path, capsys):
     """--drafter METHOD=DIR: the folder's weights are what runs (zeroed, they accept less), and the JSON says which."""
     import shutil
 
@@ -63,7 +96,7 @@ def test_bench_runs_another_drafter_folder_beside_the_default(tmp_path, capsys, 
     assert results.config["drafter"] == [["gemma4_mtp", str(other)]]
 
 
-def test_bench_labels_the_other_run_even_when_draft_names_the_same_folder(tmp_path, target):
+def test_bench_labels_the_other_run_even_when_draft_names_the_same_folder(tmp_path):
     """--draft X with --drafter m=X: only the --drafter run carries the folder; the default rows stay unlabelled."""
     from specdec_learn.bench import read_results
     from specdec_learn.checkpoints import shipped

@@ -263,12 +263,11 @@ def test_user_prefix_and_end_of_turn_come_from_the_template():
 
 
 def test_user_prefix_of_the_real_smollm2_template():
-    folder = Path(os.environ.get("SPECDEC_CACHE", Path(__file__).parents[1] / ".cache")) / "models" / "smollm2-135m"
-    if not (folder / "tokenizer.json").exists():
-        pytest.skip("the embedded model has not been converted into the cache yet")
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder)
+    from specdec_learn.models import model_path
+
+    tok = AutoTokenizer.from_pretrained(model_path("smollm2-135m"))  # converted into the cache first if need be
     prefix = magpie.user_prefix(tok)
     full = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], tokenize=False)
     assert full.startswith(prefix + "Hi there") and prefix.endswith("user\n")

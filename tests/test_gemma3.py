@@ -106,13 +106,23 @@ def test_crop_past_the_window_equals_a_full_forward(gemma3):
     torch.testing.assert_close(nxt.logits[0], ref, atol=1e-4, rtol=1e-4)
 
 
+def rejections_past(window: int, out) -> int:
+    """Rounds of `out` (kept with keep_trace) that rejected a draft once the context was longer than `window`."""
+    length, count = len(out.prompt_ids), 0
+    for r in out.trace:
+        count += length > window and r.accepted < len(r.drafts)
+        length += r.accepted + 1
+    return count
+
+
 @pytest.mark.slow
 def test_ngram_and_suffix_past_the_window_equal_ar(gemma3):
-    prompt = long_prompt(gemma3)
-    max_new = 100  # prompt + output > 512
+    prompt, window = long_prompt(gemma3), gemma3.config.sliding_window
+    max_new = 56  # ~470 + 56 tokens: a few rounds past the window of 512, each of them with rejected drafts
     ar = sd.generate(gemma3, prompt, max_new_tokens=max_new)
-    assert len(prompt) + len(ar.tokens) > 512
+    assert len(prompt) + len(ar.tokens) > window
     for drafter in (sd.NgramDrafter(), sd.SuffixDrafter()):
-        out = sd.generate(gemma3, prompt, drafter, k=4, max_new_tokens=max_new)
+        out = sd.generate(gemma3, prompt, drafter, k=4, max_new_tokens=max_new, keep_trace=True)
         assert out.tokens == ar.tokens, f"{drafter.name} differs from AR"
-        assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # rounds with rejections
+        assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
+        assert rejections_past(window, out) > 0, f"{drafter.name}: no draft was rejected past the window"

@@ -20,6 +20,7 @@ import specdec_learn as sd
 from conftest import tiny_target
 from specdec_learn import models
 from specdec_learn.cli import main
+from test_cli import reuse_target
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,10 +50,15 @@ def test_bad_top_k_top_p_are_refused(kwargs):
         sd.Sampling(temperature=1.0, **kwargs)
 
 
-def test_small_but_valid_temperature_samples():
-    tiny = tiny_target()
-    out = sd.generate(tiny, [1, 5, 7], max_new_tokens=4, sampling=sd.Sampling(temperature=1e-5), seed=0)
-    assert len(out.tokens) == 4
+def test_small_but_valid_temperature_samples_what_greedy_decoding_picks():
+    """T = 1e-5 puts all the mass on the argmax: plain sampling, and n-gram drafts verified by rejection sampling
+    (accepted and rejected ones), give greedy decoding's tokens."""
+    tiny, cold = tiny_target(), sd.Sampling(temperature=1e-5)
+    greedy = sd.generate(tiny, [1, 5, 7], max_new_tokens=16).tokens
+    assert sd.generate(tiny, [1, 5, 7], max_new_tokens=16, sampling=cold, seed=0).tokens == greedy
+    out = sd.generate(tiny, [1, 5, 7], sd.NgramDrafter(), k=2, max_new_tokens=16, sampling=cold, seed=0)
+    assert out.tokens == greedy
+    assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
 
 
 @pytest.mark.parametrize("kwargs, word", [
@@ -110,14 +116,16 @@ def test_cli_folder_without_weights(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_draft_folder_without_weights(capsys, tmp_path, target):
+def test_cli_draft_folder_without_weights(capsys, tmp_path, monkeypatch, target):
+    reuse_target(monkeypatch, target)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     err = run_cli(capsys, "generate", "--prompt", "hi", "--method", "draft_model", "--draft", str(tmp_path))
     assert "has no weights" in err
 
 
 @pytest.mark.slow
-def test_cli_missing_drafter_folder(capsys, tmp_path, target):
+def test_cli_missing_drafter_folder(capsys, tmp_path, monkeypatch, target):
+    reuse_target(monkeypatch, target)
     err = run_cli(capsys, "generate", "--prompt", "hi", "--method", "eagle3", "--draft", str(tmp_path / "nope"))
     assert "No drafter folder" in err
 
@@ -278,7 +286,7 @@ def test_generate_and_bench_write_nothing_under_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "HF_HOME")}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", SPECDEC_CACHE=str(models.cache_dir()))
     specdec = [sys.executable, "-m", "specdec_learn.cli"]
-    common = ["--max-new-tokens", "4", "--dtype", "bf16"]
+    common = ["--max-new-tokens", "4", "--dtype", "fp32"]
     subprocess.run(specdec + ["generate", "--prompt", "Hi", "--method", "ngram", *common], env=env, cwd=tmp_path,
                    check=True, capture_output=True)
     subprocess.run(specdec + ["bench", "--methods", "ar,ngram", "--k", "2", "--prompts", "1", "--no-progress",

@@ -1,6 +1,9 @@
 """The physical limits: what they count, on hand-made numbers."""
 
+from copy import deepcopy
+
 import pytest
+import torch
 from conftest import tiny_llama
 
 from specdec_learn.limits import (ar_ceiling, cpu_has_bf16, matmul_weights, predicted_speedup, read_bandwidth,
@@ -9,17 +12,25 @@ from specdec_learn.stats import Round, Stats
 from specdec_learn.target import Target
 
 
-def test_weight_bytes_counts_tied_embeddings_once():
+# tiny_llama(64, hidden=16): vocabulary 64, 2 layers, MLP width 32, 4 heads of 4 dims, 2 K/V heads (8 dims), no biases.
+#   a layer: q 16*16 + k 16*8 + v 16*8 + o 16*16 = 768, gate/up/down 3 * 16*32 = 1536, two norms 2 * 16 = 32 -> 2336
+#   the model: 2 layers 4672 + embedding 64*16 = 1024 + final norm 16 + untied head 64*16 = 1024 -> 6736
+TINY_PARAMS = 6736
+TINY_TIED_PARAMS = 6736 - 1024  # the head is the embedding: its 1024 numbers are read once
+
+
+def test_weight_bytes_counts_every_parameter_once_at_its_width():
     model = tiny_llama(64, hidden=16)
-    params = sum(p.numel() for p in model.parameters())  # parameters() already yields a tied tensor once
-    assert weight_bytes(model) == 4 * params
+    assert not model.config.tie_word_embeddings
+    assert weight_bytes(model) == 4 * TINY_PARAMS  # fp32
+    assert weight_bytes(deepcopy(model).to(torch.bfloat16)) == 2 * TINY_PARAMS  # a bf16 copy: half the bytes
     model.lm_head.weight = model.model.embed_tokens.weight  # tie them
-    assert weight_bytes(model) == 4 * (params - 64 * 16)
+    assert weight_bytes(model) == 4 * TINY_TIED_PARAMS
 
 
 def test_ceiling_is_bandwidth_over_bytes_per_token():
     target = Target(tiny_llama(64, hidden=16), None)
-    assert ar_ceiling(target, 1e9) == pytest.approx(1e9 / weight_bytes(target.model))
+    assert ar_ceiling(target, 1e9) == pytest.approx(1e9 / (4 * TINY_PARAMS))  # 37,114 tokens/s at 1 GB/s
     assert read_bandwidth(mbytes=8, repeats=2) > 1e8  # any machine streams more than 100 MB/s
 
 

@@ -13,7 +13,7 @@ def test_conversion_writes_only_into_the_cache_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "HF_", "SPECDEC_"))}
     env.update(HOME=str(home), SPECDEC_CACHE=str(cache), HF_HUB_OFFLINE="1", MPLCONFIGDIR=str(cache / "mpl"))
     code = (
-        "import specdec_learn as sd; t = sd.load('smollm2-135m', dtype='bf16');"
+        "import specdec_learn as sd; t = sd.load('smollm2-135m', dtype='fp32');"
         "print(sd.generate(t, 'Say hi.', max_new_tokens=4).tokens)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True, capture_output=True, timeout=300)

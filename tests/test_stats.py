@@ -1,5 +1,7 @@
 """Stats on hand-made rounds, checked against vLLM's definitions by hand."""
 
+import math
+
 import pytest
 
 from specdec_learn.stats import Round, Stats
@@ -44,9 +46,23 @@ def test_per_position_never_increases_and_sums_merge():
     assert s.mean_acceptance_length == pytest.approx(1 + 6 / 4)
 
 
-def test_throughput():
-    s = Stats(num_output_tokens=50, total_time=2.0)
-    assert s.tok_per_s == 25.0
+def test_throughput_is_total_tokens_over_total_time():
+    assert Stats().tok_per_s == 0.0  # nothing timed yet: no division by zero
+    s = Stats(num_output_tokens=50, total_time=2.0) + Stats(num_output_tokens=10, total_time=3.0)
+    assert s.tok_per_s == 12.0  # 60 tokens in 5 s, not the mean of 25 and 3.3 tok/s
+
+
+def test_speedup_and_greedy_match_are_against_the_first_record():
+    """compare_to_ar: speedup = tok/s over AR's tok/s; greedy match = the share of prompts whose output is AR's."""
+    from specdec_learn.bench import Record, compare_to_ar
+
+    ar = Record("ar", 0, Stats(num_output_tokens=40, total_time=4.0), [[1, 2], [3, 4], [5]])  # 10 tok/s
+    spec = Record("x", 3, Stats(num_output_tokens=40, total_time=1.6), [[1, 2], [3, 9], [5]])  # 25 tok/s
+    records = compare_to_ar([ar, spec])
+    assert [r.speedup for r in records] == pytest.approx([1.0, 2.5])
+    assert records[0].greedy_match == 1.0 and records[1].greedy_match == pytest.approx(2 / 3)
+    untimed = compare_to_ar([Record("ar", 0, Stats(), [[1]]), Record("x", 3, Stats(), [[1]])])
+    assert math.isnan(untimed[1].speedup)  # no AR throughput to compare with
 
 
 def test_costs_are_in_units_of_one_ar_step():
