@@ -1,0 +1,70 @@
+"""Every generated table in the project's Markdown, made from the committed JSON it shows.
+
+A table sits between `<!-- table: NAME -->` and `<!-- end table -->`; NAME is one of TABLES below,
+each a function from the results folder to Markdown. `python benchmarks/tables.py` rewrites every
+such block; `--check` says which are out of date (tests/test_tables.py runs it), never writing.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / "README.md"]
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def ci_times(results: Path) -> str:
+    """The last committed CI run: each step's time and each pytest call's, with its machine."""
+    run = json.loads((results / "ci" / "ci_run.json").read_text())
+    m = run["machine"]
+    cpu = f"{m['cpu']}, {m['cores']} cores, " + ("bf16 instructions" if m["bf16_instructions"] else "no bf16 instructions")
+    lines = [f"`.ci/run`, {run['label']}; {cpu} (`benchmarks/results/ci/ci_run.json`).", "",
+             "| step | minutes |", "|---|---:|"]
+    lines += [f"| {'**all**' if name == 'all' else f'`{name}`'} | {s / 60:.1f} |" for name, s in run["steps_s"].items()]
+    lines += ["", "| pytest call | tests | minutes | slowest file |", "|---|---:|---:|---|"]
+    for name, call in run["pytest"].items():
+        file, seconds = next(iter(call["by_file_s"].items()), ("", 0.0))
+        lines.append(f"| {name} | {call['tests']} | {call['wall_s'] / 60:.1f} | {file} ({seconds:.0f} s) |")
+    return "\n".join(lines) + "\n"
+
+
+TABLES = {"ci-times": ci_times}
+
+
+def render(text: str, results: Path = RESULTS) -> str:
+    """`text` with every table block made anew; an unknown table name is an error."""
+    def fill(m: re.Match) -> str:
+        if m["name"] not in TABLES:
+            raise KeyError(f"unknown table {m['name']!r}: known are {', '.join(TABLES)}")
+        return m.group(1) + TABLES[m["name"]](results) + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only say which files are out of date (exit 1 if any)")
+    args = ap.parse_args(argv)
+    stale = []
+    for doc in DOCS:
+        if not doc.exists():
+            continue
+        text = doc.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(doc.relative_to(ROOT))
+            if not args.check:
+                tmp = doc.with_suffix(doc.suffix + ".tmp")
+                tmp.write_text(new)
+                tmp.replace(doc)
+    for doc in stale:
+        print(f"{doc}: {'out of date: run python benchmarks/tables.py' if args.check else 'rewritten'}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
