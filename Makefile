@@ -82,7 +82,7 @@ bench: $(VENV)/.bench
 # The suite runs in TEST_WORKERS processes (pytest-xdist), a test file or a chapter to each; every
 # worker, and what it starts (a CLI run, a notebook kernel), gets its share of the cores in threads.
 # A batch-1 decode step barely speeds up with a second thread, so two one-thread workers on two
-# cores finish the suite in about half the time of one two-thread process (README, "Two commands").
+# cores finish the suite in about half the time of one two-thread process (docs/TESTING.md).
 TEST_WORKERS ?= 2
 TEST_THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(2, (os.cpu_count() or 1) // $(TEST_WORKERS))))")
 IN_PARALLEL   = OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
@@ -122,7 +122,7 @@ verify-cost: $(VENV)/.installed
 # CPU index where that is reachable; where it is not, as on CI's machines, PyPI's default build, which runs
 # on a CPU too), then everything else as `pip install -e ".[test,notebooks]"` resolves it into a venv that
 # has that torch (which it must keep); NEWEST_TESTS run there. Then the newest transformers on PyPI, past
-# pyproject's ceiling: the same canary runs once more and reports, without failing CI (README, "Versions").
+# pyproject's ceiling: the same canary runs once more and reports, without failing CI (docs/COMPAT.md, "Versions").
 NEWEST_VENV  := .venv-newest
 NEWEST_PY    := $(NEWEST_VENV)/bin/python
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -137,7 +137,10 @@ NEWEST_PYTEST = $(NEWEST_PY) -m pytest -q -p no:cacheprovider \
 test-newest:
 	test -x $(NEWEST_PY) || $(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_PY) -m pip install -q --upgrade pip
-	$(NEWEST_PY) -m pip install -q --upgrade --extra-index-url $(TORCH_CPU_INDEX) torch
+	# PyTorch's CPU index only where its host resolves: pip would retry an unreachable one for minutes
+	if $(NEWEST_PY) -c "import socket, urllib.parse as u; socket.getaddrinfo(u.urlparse('$(TORCH_CPU_INDEX)').hostname, 443)" \
+		2>/dev/null; then $(NEWEST_PY) -m pip install -q --upgrade --extra-index-url $(TORCH_CPU_INDEX) torch; \
+	else echo "$(TORCH_CPU_INDEX) is unreachable: PyPI's torch"; $(NEWEST_PY) -m pip install -q --upgrade torch; fi
 	before=$$($(NEWEST_PY) -c 'import torch; print(torch.__version__)') && \
 	$(NEWEST_PY) -m pip install -q -e '.[test,notebooks]' && \
 	after=$$($(NEWEST_PY) -c 'import torch; print(torch.__version__)') && \
@@ -152,7 +155,7 @@ test-newest:
 	if [ "$$newest" = "$$in_range" ]; then echo "transformers $$newest: the newest on PyPI is in range"; \
 	elif $(NEWEST_PYTEST) $(NEWEST_TESTS); then \
 		echo "transformers $$newest (past the ceiling) passes: raise the ceiling in pyproject.toml"; \
-	else echo "transformers $$newest (past the ceiling) FAILS the tests above: keep the ceiling (README, Versions)"; fi
+	else echo "transformers $$newest (past the ceiling) FAILS the tests above: keep the ceiling (docs/COMPAT.md)"; fi
 
 # The README's two commands' main job as a student runs it: an unprivileged user, a fresh clone,
 # no npm or Chromium on PATH (CI is root: .ci/fresh-clone.sh creates the user)
