@@ -45,7 +45,8 @@ from .stats import Stats
 from .target import Target
 from .tree import TreeSpec
 from .workloads import Prompt
-from .zoo import REDUCIBLE, make_drafter
+from .drafters import branching, reducible
+from .zoo import make_drafter
 
 
 @dataclass
@@ -136,9 +137,10 @@ def bench(
     speedup and greedy match.
 
     ks: the same draft lengths for every method, or {method: its draft lengths}.
-    trees: token trees to run too, after each method's chains (drafters that branch only).
+    trees: token trees to run too, after each method's chains, for the methods whose drafter branches
+    (`drafters.branching()`; the others run their chains only).
     draft_vocabs: reduced draft vocabulary sizes (vocab.py) to run each reducible method's chains with
-    too, beside its full-vocabulary runs (zoo.REDUCIBLE; other methods run once).
+    too, beside its full-vocabulary runs (`drafters.reducible()`; other methods run once).
     others: (method, folder) pairs: also run that method's chains with the drafter in the folder (a
     retrained export, say) beside the default one, so the two are measured in the same run.
     """
@@ -161,8 +163,8 @@ def bench(
     # (method, k, tree, draft vocabulary, drafter folder, from `others`); None = a chain, the full vocabulary,
     # the default drafter. The flag, not the folder, marks an `others` run: --draft may name the same folder.
     runs = [("ar", 0, None, None, draft, False)] + [(m, k, None, None, draft, False) for m in methods for k in ks_of[m]]
-    runs += [(m, 0, tree, None, draft, False) for m in methods for tree in trees]
-    runs += [(m, k, None, v, draft, False) for v in draft_vocabs for m in methods if m in REDUCIBLE for k in ks_of[m]]
+    runs += [(m, 0, tree, None, draft, False) for m in methods if m in branching() for tree in trees]
+    runs += [(m, k, None, v, draft, False) for v in draft_vocabs for m in methods if m in reducible() for k in ks_of[m]]
     runs += [(m, k, None, None, folder, True) for m, folder in others for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
     # One drafter per run, as the runs take turns below: no run may learn from another's outputs (suffix

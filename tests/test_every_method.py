@@ -14,7 +14,10 @@ import re
 
 import pytest
 
-from specdec_learn.cli import METHODS, main
+from specdec_learn.cli import main
+from specdec_learn.methods import names
+
+METHODS = names()
 
 PROMPT = "Write a Python function `count_vowels(s)` and a second one `count_consonants(s)` that reuses it."
 ARGS = ["--max-new-tokens", "24", "--dtype", "fp32", "--device", "cpu", "--k", "3", "--prompt", PROMPT]

@@ -7,7 +7,9 @@ import torch
 from conftest import tiny_llama
 from test_mtp_train import write_examples
 
-from specdec_learn.cli import TRAINERS, main
+from specdec_learn.cli import main, trainers
+
+TRAINERS = trainers()
 
 SHARED = ["--target", "--steps", "--budget-min", "--lr", "--out", "--threads", "--device", "--data-dir", "--work-dir", "--seed",
           "--eval-every", "--no-progress"]

@@ -6,10 +6,13 @@ from conftest import MAX_NEW, learned_drafter, same_path, tiny_target
 from scipy.stats import chisquare
 
 import specdec_learn as sd
-from specdec_learn.drafters.base import BRANCHING, Proposal
+from specdec_learn.drafters import branching
+from specdec_learn.drafters.base import Proposal
 from specdec_learn.tree import TreeSpec, best_first, chain_parents, depths, tree_mask, tree_positions
 from specdec_learn.verify import greedy_accept, rejection_accept
 from specdec_learn.zoo import make_drafter
+
+BRANCHING = branching()
 
 #        root
 #       /    \

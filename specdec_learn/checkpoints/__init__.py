@@ -33,33 +33,18 @@ from pathlib import Path
 import torch
 
 from ..formats.io import cpu_tensors, partial_dir, publish_dir, save_tensors_atomic, write_folder
+from ..methods import METHODS, get
 from ..models import EMBEDDED, cache_dir, drafter_dir, model_path
 
 HERE = Path(__file__).resolve().parent
 
-# (method, target name) -> the folder under specdec_learn/checkpoints/ that ships it.
-SHIPPED = {
-    ("draft_model", "smollm2-135m"): "draft-smollm2-135m",
-    ("eagle3", "smollm2-135m"): "eagle3-smollm2-135m",
-    ("mtp", "smollm2-135m"): "mtp-smollm2-135m",
-    ("gemma4_mtp", "smollm2-135m"): "gemma4-assistant-smollm2-135m",
-    ("dflash", "smollm2-135m"): "dflash-smollm2-135m",
-    ("dspark", "smollm2-135m"): "dspark-smollm2-135m",
-}
 
-# What each method's drafter is called in messages.
-NAMES = {"draft_model": "draft model", "eagle3": "EAGLE-3 drafter", "mtp": "MTP head",
-         "gemma4_mtp": "Gemma-4-style assistant", "dflash": "DFlash drafter", "dspark": "DSpark drafter"}
+def shipped_drafters() -> dict[tuple[str, str], str]:
+    """(method, target name) -> the folder under specdec_learn/checkpoints/ that ships it (methods.py)."""
+    return {(m.name, target): folder for m in METHODS.values() for target, folder in m.shipped.items()}
 
-# What `--draft` takes for each method, for the message when nothing is shipped.
-DRAFT_KINDS = {
-    "draft_model": "an HF model sharing the target's tokenizer, or 'target' for the upper bound",
-    "eagle3": "a speculators-format EAGLE-3 folder",
-    "mtp": "a checkpoint directory with MTP weights",
-    "gemma4_mtp": "a gemma4_assistant directory, e.g. google/gemma-4-E2B-it-assistant for google/gemma-4-E2B-it",
-    "dflash": "a z-lab DFlash folder",
-    "dspark": "a DeepSpec or speculators DSpark folder",
-}
+
+SHIPPED = shipped_drafters()  # as the package was imported (shipped_drafters() reads methods.py again)
 
 
 def target_key(target_name) -> str:
@@ -69,15 +54,15 @@ def target_key(target_name) -> str:
 
 def shipped_folder(method: str, target_name) -> Path:
     """The folder this package ships (or a trainer writes by default) for (method, target), existing or not."""
-    return HERE / SHIPPED.get((method, target_key(target_name)), f"{method}-{target_key(target_name)}")
+    return HERE / get(method).shipped.get(target_key(target_name), f"{method}-{target_key(target_name)}")
 
 
 def shipped(method: str, target_name) -> Path:
     """The shipped drafter for (method, target), complete and loadable, or a message that says what to do."""
-    folder = shipped_folder(method, target_name)
-    if (method, target_key(target_name)) not in SHIPPED or not (folder / "config.json").is_file():
+    folder, m = shipped_folder(method, target_name), get(method)
+    if target_key(target_name) not in m.shipped or not (folder / "config.json").is_file():
         raise ValueError(
-            f"No {NAMES[method]} is shipped for {str(target_name)!r}: pass draft=<{DRAFT_KINDS[method]}> "
+            f"No {m.title} is shipped for {str(target_name)!r}: pass draft=<{m.draft}> "
             f"(CLI: --draft), or train one with `specdec train {method}`."
         )
     return complete(folder, target_name)
@@ -85,7 +70,7 @@ def shipped(method: str, target_name) -> Path:
 
 def find(method: str, target_name, draft: str | None = None) -> Path:
     """The local folder to load `method`'s drafter from (see the module docstring)."""
-    if method not in DRAFT_KINDS:
+    if get(method).draft is None:
         raise ValueError(f"{method!r} loads no drafter checkpoint.")
     if draft is not None:
         if method == "draft_model" and draft in EMBEDDED:  # another embedded model drafts (converted once)

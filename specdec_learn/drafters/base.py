@@ -5,6 +5,9 @@
     propose_tree(state, tree, ...) a token tree instead (drafters with can_branch; tree.py)
     observe(state, n, hidden)      after each round's verify and commit: n drafts were accepted
     forget()                       drop anything kept across requests (a benchmark run starts clean)
+    check_k(k), check_tree(tree)   refuse what it cannot draft, before the request starts
+    reduce_vocabulary(ids)         score only these ids (drafters that score the whole vocabulary; vocab.py)
+    build(target, draft, options)  (a class method) the drafter a recipe names: methods.py, zoo.py
 
 The lifecycle, as decode.generate drives it (these are promises every
 drafter may rely on, and every loop change must keep):
@@ -76,9 +79,6 @@ class Proposal:
         return max(depths(self.parents), default=0) if self.parents is not None else len(self.tokens)
 
 
-BRANCHING = ("ngram", "suffix", "draft_model", "eagle3", "dflash", "dspark")  # the drafters that grow trees
-
-
 class Drafter:
     """Base class: a drafter that proposes nothing (subclasses override)."""
 
@@ -88,6 +88,12 @@ class Drafter:
 
     can_branch = False  # grows token trees (propose_tree)
 
+    @classmethod
+    def build(cls, target, draft: str | None, options) -> Drafter:
+        """The drafter for a recipe: `target`, the user's `draft` (None: the one shipped for the target) and the
+        method's `options` (methods.Options). Each method's file says how."""
+        raise NotImplementedError(f"{cls.__name__} has no recipe: build it directly.")
+
     def check_k(self, k: int) -> None:
         """Refuse a k this drafter cannot draft, saying why."""
         if self.max_k is not None and k > self.max_k:
@@ -96,8 +102,10 @@ class Drafter:
     def check_tree(self, tree: TreeSpec) -> None:
         """Refuse a tree this drafter cannot grow, saying why."""
         if not self.can_branch:
+            from . import branching
+
             raise ValueError(f"{self.name} drafts one chain and cannot grow a tree: drop the tree (use k), or "
-                             f"choose a drafter that branches ({', '.join(BRANCHING)}).")
+                             f"choose a drafter that branches ({', '.join(branching())}).")
         if self.max_k is not None and tree.depth > self.max_k:
             raise ValueError(f"A tree of depth {tree.depth} is beyond {self.name}'s block: its slots give at most "
                              f"{self.max_k} positions; ask for depth <= {self.max_k}.")

@@ -240,6 +240,13 @@ class DFlashDrafter(Drafter):
         self.draft_ids: list[int] | None = None  # a draft vocabulary (vocab.py); None = all V tokens
         self.head = None  # the head `logits` uses, built on first use
 
+    @classmethod
+    def build(cls, target, draft, options) -> DFlashDrafter:
+        """The shipped DFlash drafter for the target, or a z-lab folder, in the target's dtype."""
+        from ..checkpoints import find
+
+        return cls(load_dflash(find("dflash", target.name, draft), dtype=target.dtype))
+
     def check_k(self, k: int) -> None:
         if k > self.max_k:
             raise ValueError(

@@ -58,6 +58,16 @@ class DraftModelDrafter(Drafter):
         if target is not None:
             check_same_vocabulary(model, target)
 
+    @classmethod
+    def build(cls, target, draft, options) -> DraftModelDrafter:
+        """The shipped draft model, a folder, an embedded model's name, or "target": the target drafts for
+        itself (every draft accepted: an upper bound on acceptance that costs a full extra model)."""
+        if draft == "target":
+            return cls(target.model, target)
+        from ..checkpoints import find
+
+        return load_draft_model(find("draft_model", target.name, draft), target)
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the model's own head is swapped for its cut rows."""
         if self.is_target:

@@ -184,6 +184,14 @@ class DSparkDrafter(DFlashDrafter):
         self.markov_cut = None  # the Markov head over the draft vocabulary, once there is one (markov_bias)
         self.gate = gate
 
+    @classmethod
+    def build(cls, target, draft, options) -> DSparkDrafter:
+        """The shipped DSpark drafter, or a folder; the Markov head and the gate as options say."""
+        from ..checkpoints import find
+
+        model = load_dspark(find("dspark", target.name, draft), dtype=target.dtype)
+        return cls(model, markov=options.markov and model.markov_head is not None, gate=options.gate)
+
     def _slots_explained(self) -> str:
         return "every slot, the anchor's included, is a draft"
 

@@ -232,6 +232,13 @@ class Eagle3Drafter(Drafter):
             check_compatible(model.config, target)
             share_embedding(model, target)
 
+    @classmethod
+    def build(cls, target, draft, options) -> Eagle3Drafter:
+        """The shipped EAGLE-3 head for the target, or a speculators-format folder."""
+        from ..checkpoints import find
+
+        return cls(load_eagle3(find("eagle3", target.name, draft), target), target)
+
     def start(self, target, state, hidden) -> None:
         check_compatible(self.model.config, target)
         share_embedding(self.model, target)

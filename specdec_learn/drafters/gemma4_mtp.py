@@ -155,6 +155,13 @@ class Gemma4AssistantDrafter(Drafter):
         self.h: torch.Tensor | None = None
         self.full_head = None  # the assistant's own head, once reduce_vocabulary has swapped it
 
+    @classmethod
+    def build(cls, target, draft, options) -> Gemma4AssistantDrafter:
+        """The shipped assistant for the target, or a gemma4_assistant folder."""
+        from ..checkpoints import find
+
+        return cls(load_gemma4_assistant(find("gemma4_mtp", target.name, draft), target), target)
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the assistant's own head is swapped for its cut rows.
 

@@ -222,6 +222,13 @@ class MTPDrafter(Drafter):
         self.target = target
         self.reduced = None  # a draft vocabulary's head (vocab.py), used instead of each step's own
 
+    @classmethod
+    def build(cls, target, draft, options) -> MTPDrafter:
+        """The target checkpoint's own MTP layers, the shipped graft, or a folder."""
+        from ..checkpoints import find
+
+        return cls(load_mtp(find("mtp", target.name, draft), target), target)
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): every step's head is the target's, so one cut head serves all."""
         self.reduced = ReducedHead(self.target.lm_head, sorted(ids))

@@ -44,6 +44,11 @@ class NgramDrafter(Drafter):
 
     can_branch = True
 
+    @classmethod
+    def build(cls, target, draft, options) -> NgramDrafter:
+        """The recipe's n-gram drafter: match lengths options.ngram = (min_n, max_n)."""
+        return cls(*options.ngram)
+
     def propose(self, state, k, sampling, generator) -> Proposal:
         return Proposal(find_continuation(state.ids, k, self.min_n, self.max_n))
 

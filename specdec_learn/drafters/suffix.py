@@ -198,6 +198,11 @@ class SuffixDrafter(Drafter):
         self.max_cached_requests = max_cached_requests
         self.forget()
 
+    @classmethod
+    def build(cls, target, draft, options) -> SuffixDrafter:
+        """A fresh drafter per recipe: its global tree learns across one run's requests, never across runs."""
+        return cls()
+
     def forget(self) -> None:
         """Drop every earlier request's output (an empty global trie)."""
         self.global_trie = SuffixTrie(self.max_depth)
