@@ -1,7 +1,7 @@
 """Named recipes: a method name (as vLLM spells it) -> a ready drafter.
 
-`specdec generate`, `specdec bench`, the book and the vLLM backend all go
-through `make_drafter`. Which class drafts for a method is declared in
+`specdec generate`, `specdec bench` and the book go through `make_drafter`
+(the vLLM backend finds the same folders through `checkpoints.find`). Which class drafts for a method is declared in
 methods.py; how a recipe becomes a drafter is that class's `build` (the
 method's own file), which finds its checkpoint through `checkpoints.find`.
 """
