@@ -1,6 +1,10 @@
 """Build the book: fetch the JavaScript it needs, copy the chapters in, run Jupyter Book.
 
-    .venv/bin/python book/build.py          # -> book/_build/html/index.html
+    .venv/bin/python book/build.py                # -> book/_build/html/index.html
+    .venv/bin/python book/build.py --instructor   # -> book/_instructor/_build/html/index.html
+
+The instructor edition is the same book with a worked solution after every
+exercise and lab, from book/solutions.py (the student chapters hold none).
 
 Jupyter Book 1 pages load MathJax, and pages with widget state also load
 require.js and the ipywidgets embed script, by default from CDNs. A book must
@@ -15,6 +19,7 @@ under the book's folder. Warnings are errors.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -87,17 +92,71 @@ def copy_chapters() -> None:
         shutil.copy2(nb, chapters / nb.name)
 
 
-def build() -> Path:
+def solution_cells(nb) -> int:
+    """Put book/solutions.py's solution after each exercise of a chapter (nbformat notebook); -> how many.
+
+    An exercise's reader cell gets a cell after it that defines its solution
+    function and calls it with the chapter's variables; a lab's stub is
+    replaced by the reference function of the same name.
+    """
+    import inspect
+    import re
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("solutions", BOOK / "solutions.py")
+    solutions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solutions)
+    done, cells = 0, []
+    for cell in nb.cells:
+        cells.append(cell)
+        if cell.cell_type != "code" or not cells[-2:-1] or cells[-2].cell_type != "markdown":
+            continue
+        exercise = re.search(r"\*\*Exercise (\d+)\.(\d+)\.\*\*", cells[-2].source)
+        if exercise is None:
+            continue
+        stub = re.match(r"def (\w+)\(", cell.source)
+        if stub:  # a lab: the reference function in place of the stub
+            cell.source = "# Solution (instructor edition)\n" + inspect.getsource(getattr(solutions, stub.group(1)))
+        else:
+            fn = getattr(solutions, f"solution_{exercise.group(1)}_{exercise.group(2)}")
+            call = f"answer = {fn.__name__}({', '.join(inspect.signature(fn).parameters)})"
+            cells.append(nbformat.v4.new_code_cell("# Solution (instructor edition)\n"
+                                                   + inspect.getsource(fn) + "\n\n" + call))
+        done += 1
+    nb.cells = cells
+    return done
+
+
+def instructor_chapters() -> None:
+    """The copies in book/chapters/ with their solutions in (the student notebooks stay as they are)."""
+    import nbformat
+
+    for path in sorted((BOOK / "chapters").glob("[0-9]*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        solution_cells(nb)
+        nbformat.write(nb, path)
+
+
+def build(instructor: bool = False) -> Path:
     fetch_assets()
     (VENDOR / "html-manager" / "assets-path.js").write_text(ASSETS_PATH_JS)
     copy_chapters()
-    jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(jupyter_book), "build", str(BOOK), "--all", "--warningiserror", "--keep-going", "--quiet"]
-    done = subprocess.run(cmd)
+    out = BOOK / ("_instructor" if instructor else ".")
+    try:
+        if instructor:
+            instructor_chapters()
+        jupyter_book = Path(sys.executable).parent / "jupyter-book"
+        cmd = [str(jupyter_book), "build", str(BOOK), "--all", "--warningiserror", "--keep-going", "--quiet",
+               "--path-output", str(out)]
+        done = subprocess.run(cmd)
+    finally:
+        if instructor:  # the next student build must not find solutions in chapters/
+            copy_chapters()
     if done.returncode != 0:  # jupyter-book printed its own errors above; say which step stopped
         sys.exit(f"book/build.py: jupyter-book build failed (exit {done.returncode}); its messages are above.")
-    return BOOK / "_build" / "html"
+    return out / "_build" / "html"
 
 
 if __name__ == "__main__":
-    print(f"built: {build() / 'index.html'}")
+    print(f"built: {build(instructor='--instructor' in sys.argv[1:]) / 'index.html'}")

