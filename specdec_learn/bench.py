@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from . import quiet
 from .decode import generate
 from .formats.io import write_text_atomic
 from .limits import cpu_has_bf16
@@ -181,6 +182,7 @@ def bench(
         if tree is not None:
             drafter.check_tree(tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
+    start = quiet.snapshot()  # how much of the CPUs other processes take from here on (quiet.py)
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
     stats, outputs = [Stats() for _ in runs], [[] for _ in runs]
     # Prompt by prompt, every run in turn. A shared machine's speed drifts by tens of percent over minutes;
@@ -200,7 +202,15 @@ def bench(
         record = record_of(method, drafter, k, tree, vocab, s, outs)
         record.drafter = folder if other else None
         records.append(record)
-    return compare_to_ar(records)
+    return Run(compare_to_ar(records), quiet.conditions(start, quiet.snapshot()))
+
+
+class Run(list):
+    """bench's records (AR first), and `conditions`: how long they took and whether others disturbed them."""
+
+    def __init__(self, records, conditions: dict | None = None):
+        super().__init__(records)
+        self.conditions = conditions
 
 
 def compare_to_ar(records: list[Record]) -> list[Record]:
@@ -266,9 +276,11 @@ def format_table(records: list[Record]) -> str:
 
 
 def write_json(path: str, records: list[Record], target: Target, config: dict) -> None:
+    """Write a run's results: the machine, the run's config and conditions (a Run's; None for others), the rows."""
     data = {
         "machine": machine_info(target),
         "config": config,
+        "conditions": getattr(records, "conditions", None),
         "results": [r.to_json() for r in records],
     }
     write_text_atomic(path, json.dumps(data, indent=2))
@@ -288,6 +300,7 @@ class Results:
     machine: dict
     config: dict
     rows: list[dict]
+    conditions: dict | None = None  # quiet.conditions of the run (None: written before runs recorded them)
 
     def get(self, method: str, k: int | None = None, tree: TreeSpec | None = None,
             draft_vocab: int | None = None, drafter: str | None = None) -> dict:
@@ -331,4 +344,4 @@ def read_results(name: str | os.PathLike) -> Results:
         raise FileNotFoundError(f"No benchmark results at {path}: the book reads the results committed in the "
                                 f"repository's benchmarks/results/; run it from a clone (git clone, then make setup).")
     data = json.loads(path.read_text())
-    return Results(path, data["machine"], data["config"], data["results"])
+    return Results(path, data["machine"], data["config"], data["results"], data.get("conditions"))

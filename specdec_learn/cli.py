@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from . import bench as bench_mod
+from . import quiet
 from .decode import generate
 from .drafters import branching, reducible
 from .methods import names
@@ -163,6 +164,9 @@ def _bench(args, sampling) -> int:
     print(f"\n{args.model} · {info['dtype']} · {info['cpu']} ({info['torch_threads']} threads) · "
           f"{len(prompts)} {args.workload} prompts · {args.max_new_tokens} new tokens")
     print(bench_mod.format_table(records))
+    disturbed = quiet.warning(getattr(records, "conditions", None))
+    if disturbed:
+        print(disturbed, file=sys.stderr)
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "no_progress", "command")}
         config["methods"], config["num_prompts"] = methods, len(prompts)
