@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / "README.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / "README.md",
+        ROOT / "book" / "teaching.md"]
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
@@ -32,7 +33,31 @@ def ci_times(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES = {"ci-times": ci_times}
+def chapter_times(results: Path) -> str:
+    """Each chapter's time in quick and full mode, as notebooks/execute.py filed it, with the machines."""
+    path = results / "chapter_times.json"
+    times = json.loads(path.read_text())["chapters"] if path.exists() else {}
+    chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    machines = sorted({(e["cpu"], e["cores"], e["cpu_bf16"]) for c in times.values() for e in c.values()})
+
+    def cell(chapter, mode):
+        entry = times.get(chapter, {}).get(mode)
+        if entry is None:
+            return "not measured yet"
+        mark = f" ({machines.index((entry['cpu'], entry['cores'], entry['cpu_bf16'])) + 1})" if len(machines) > 1 else ""
+        return f"{entry['seconds'] / 60:.1f}{mark}"
+
+    lines = ["| chapter | quick mode, minutes | full mode, minutes |", "|---|---:|---:|"]
+    lines += [f"| {c} | {cell(c, 'quick')} | {cell(c, 'full')} |" for c in chapters]
+    bf16 = {True: "bf16 instructions", False: "no bf16 instructions", None: "bf16 instructions unknown"}
+    named = [f"{'(' + str(i + 1) + ') ' if len(machines) > 1 else ''}{cpu}, {cores} cores, {bf16[b]}"
+             for i, (cpu, cores, b) in enumerate(machines)]
+    lines += ["", "Each chapter run alone, top to bottom, by `notebooks/execute.py` on an otherwise idle machine "
+              f"({'; '.join(named) or 'none yet'}; `benchmarks/results/chapter_times.json`)."]
+    return "\n".join(lines) + "\n"
+
+
+TABLES = {"ci-times": ci_times, "chapter-times": chapter_times}
 
 
 def render(text: str, results: Path = RESULTS) -> str:
