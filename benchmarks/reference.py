@@ -27,7 +27,7 @@ from pathlib import Path
 
 import specdec_learn as sd
 from specdec_learn import quiet
-from specdec_learn.bench import bench, format_table, machine_info
+from specdec_learn.bench import FULL_RUN as FULL, bench, format_table, machine_info
 from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.sampling import Sampling
 from specdec_learn.workloads import load_workload
@@ -39,7 +39,6 @@ KS = {"ngram": [3], "suffix": [5], "draft_model": [2], "mtp": [2], "gemma4_mtp":
 SWEEP = {"ngram": [1, 2, 3, 4, 6, 8], "eagle3": [1, 2, 3, 4, 6, 8]}  # chapter 9's sweeps (HumanEval, greedy)
 SAMPLINGS = {"greedy": Sampling(), "temperature 1": Sampling(temperature=1.0)}
 RUNS = [("humaneval", "greedy"), ("chat", "greedy"), ("humaneval", "temperature 1")]  # (workload, sampling)
-FULL = (10, 128)  # prompts x new tokens: the least a reference may be
 
 
 def slug(cpu: str) -> str:

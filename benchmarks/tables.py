@@ -57,7 +57,41 @@ def chapter_times(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES = {"ci-times": ci_times, "chapter-times": chapter_times}
+def reference(results: Path) -> str:
+    """The book's reference run (benchmarks/reference.py): every method at its chapter's k, beside AR, per run."""
+    paths = sorted(results.glob("reference_*.json"))
+    if not paths:
+        return "No reference run is committed yet: `make reference` makes one.\n"
+    out = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        m, runs = data["machine"], data["runs"]
+        ks = {r["method"]: r["k"] for r in runs[-1]["results"]}  # the last run has each method at one k
+        cells = {}
+        for run in runs:
+            for r in run["results"]:
+                if ks.get(r["method"]) == r["k"] and r.get("tree") is None:
+                    cells[r["method"], run["workload"], run["sampling"]] = r
+        bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
+        first = runs[0]
+        out += [f"`make reference`: {first['num_prompts']} held-out prompts x {first['max_new_tokens']} new tokens "
+                f"per run, {m['dtype']}, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, otherwise idle "
+                f"(`benchmarks/results/{path.name}`). Cell: speedup over AR in the same run "
+                "(mean acceptance length).", "",
+                "| method | k | " + " | ".join(f"{r['workload']}, {r['sampling']}" for r in runs) + " |",
+                "|---|---:|" + "---|" * len(runs)]
+        for method, k in ks.items():
+            if method == "ar":
+                continue
+            row = [cells.get((method, r["workload"], r["sampling"])) for r in runs]
+            shown = [f"{c['speedup']:.2f}× ({c['mean_acceptance_length']:.2f})" if c else "–" for c in row]
+            out.append(f"| `{method}` | {k} | " + " | ".join(shown) + " |")
+        ar = [next(r for r in run["results"] if r["method"] == "ar")["tok_per_s"] for run in runs]
+        out += ["| AR, tok/s | | " + " | ".join(f"{t:.1f}" for t in ar) + " |", ""]
+    return "\n".join(out)
+
+
+TABLES = {"ci-times": ci_times, "chapter-times": chapter_times, "reference": reference}
 
 
 def render(text: str, results: Path = RESULTS) -> str:

@@ -289,6 +289,7 @@ def write_json(path: str, records: list[Record], target: Target, config: dict) -
 # --- reading results back -------------------------------------------------------------
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # in a clone of the repository
+FULL_RUN = (10, 128)  # prompts x new tokens: the least a run the book calls full has (benchmarks/reference.py)
 NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}  # prose spells these
 
 
@@ -318,12 +319,37 @@ class Results:
 
     @property
     def label(self) -> str:
-        """Where and how it was measured, in words, for the sentence that quotes it."""
+        """Where and how it was measured, in words: prompts x tokens (full or small), workload, sampling, machine."""
         m, c = self.machine, self.config
+        n, tokens = c.get("num_prompts", c.get("prompts")), c["max_new_tokens"]
+        size = "full run" if n >= FULL_RUN[0] and tokens >= FULL_RUN[1] else "small run"
+        sampling = c.get("sampling") or ("greedy" if not c.get("temperature") else f"temperature {c['temperature']:g}")
+        workload = f"{Path(c['workload']).stem}, " if c.get("workload") else ""
         # Two CPUs with one name can differ in bf16 instructions, which decide a bf16 run's costs (limits.cpu_has_bf16)
         bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
-        return (f"{c.get('num_prompts', c.get('prompts'))} prompts x {c['max_new_tokens']} new tokens, "
+        return (f"{n} prompts x {tokens} new tokens ({size}; {workload}{sampling}), "
                 f"{m['dtype']}, {m['cpu']}{bf16}, {m['cores']} cores")
+
+    def table(self, methods: list[str] | dict[str, int] | None = None) -> str:
+        """The chain rows as `format_table` prints a live run's, and the label under them.
+
+        `methods`: a list (those methods at every k), a dict (each method at its one k: {"ar": 0, "ngram": 3}),
+        or None (every row).
+        """
+        def shown(r):
+            if methods is None:
+                return True
+            return r["method"] in methods and (not isinstance(methods, dict) or r["k"] == methods[r["method"]])
+
+        rows = [r for r in self.rows if r.get("tree") is None and shown(r)]
+        names = max([12] + [len(r["method"]) for r in rows])
+        head = f"{'method':<{names}} {'k':>2} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  per-position acceptance"
+        lines = [head, "-" * len(head)]
+        for r in rows:
+            pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
+            lines.append(f"{r['method']:<{names}} {r['k']:>2} {r['tok_per_s']:>7.1f} {r['speedup']:>6.2f}x "
+                         f"{r['mean_acceptance_length']:>7.2f} {r['greedy_match']:>5.2f}  {pos}")
+        return "\n".join(lines + [f"({self.label}; {self.path.name})"])
 
     def cost_sentence(self, method: str, k: int, who: str) -> str:
         """The sentence a chapter states its drafter's measured acceptance, speed and costs in (chapters 4, 5, 7)."""
@@ -345,3 +371,24 @@ def read_results(name: str | os.PathLike) -> Results:
                                 f"repository's benchmarks/results/; run it from a clone (git clone, then make setup).")
     data = json.loads(path.read_text())
     return Results(path, data["machine"], data["config"], data["results"], data.get("conditions"))
+
+
+def read_reference(workload: str = "humaneval", sampling: str = "greedy", name: str | None = None) -> Results:
+    """One bench of the book's reference run (benchmarks/reference.py, `make reference`): every method beside
+    plain decoding in one run, full size, on an otherwise idle machine.
+
+    `sampling`: 'greedy' or 'temperature 1'. `name`: which reference_*.json, where more than one machine's is
+    committed (default: the only one).
+    """
+    paths = sorted(RESULTS.glob("reference_*.json")) if name is None else [RESULTS / f"{name}.json"]
+    if len(paths) != 1 or not paths[0].is_file():
+        found = ", ".join(p.stem for p in paths) or "none"
+        raise FileNotFoundError(f"The book reads one reference run from {RESULTS} (found: {found}): name it "
+                                "(read_reference(..., name=...)), or make one with `make reference`.")
+    data = json.loads(paths[0].read_text())
+    runs = {(r["workload"], r["sampling"]): r for r in data["runs"]}
+    if (workload, sampling) not in runs:
+        raise KeyError(f"{paths[0].name} has no {workload} run at {sampling}: it has {sorted(runs)}.")
+    run = runs[workload, sampling]
+    config = {key: run[key] for key in ("workload", "sampling", "num_prompts", "max_new_tokens", "prompt_ids")}
+    return Results(paths[0], data["machine"], config, run["results"], run["conditions"])
