@@ -332,6 +332,26 @@ def solution_14_2():
     return 10 + 1 + 1 + 1
 
 
+# --- chapter 15 -------------------------------------------------------------------------
+
+
+def solution_15_1():
+    """The largest speedup in the chat table, each method at its chapter's k."""
+    from specdec_learn.bench import read_reference
+
+    ks = {r["method"]: r["k"] for r in read_reference("humaneval", "temperature 1").rows if r["method"] != "ar"}
+    chat = read_reference("chat", "greedy")
+    return max(ks, key=lambda m: chat.get(m, ks[m])["speedup"])
+
+
+def solution_15_2():
+    """n-gram's acceptance length, greedy over temperature 1, both at its k (3), on HumanEval."""
+    from specdec_learn.bench import read_reference
+
+    return (read_reference("humaneval", "greedy").get("ngram", 3)["mean_acceptance_length"]
+            / read_reference("humaneval", "temperature 1").get("ngram", 3)["mean_acceptance_length"])
+
+
 def accept_walk(drafts, parents, picks):
     """From the root's row: keep the child holding the target's pick, go on from its row; stop where none does."""
     path, node = [], -1

@@ -681,4 +681,41 @@ def _tree_mask_row(answer):
     return f"Correct: {seen} positions: {past} cached, the root, node 0 (its parent) and node 3 itself."
 
 
+# --- chapter 15: every method, side by side --------------------------------------------
+
+
+def _reference_rows(workload: str, sampling: str) -> dict[str, dict]:
+    """Each method's row of the reference run at its chapter's k (the k its temperature-1 run used)."""
+    from .bench import read_reference
+
+    ks = {r["method"]: r["k"] for r in read_reference("humaneval", "temperature 1").rows if r["method"] != "ar"}
+    results = read_reference(workload, sampling)
+    return {m: results.get(m, k) for m, k in ks.items()}
+
+
+@exercise("15.1")
+def _fastest_on_chat(answer):
+    chat, code = _reference_rows("chat", "greedy"), _reference_rows("humaneval", "greedy")
+    fastest = max(chat, key=lambda m: chat[m]["speedup"])
+    longest = max(chat, key=lambda m: chat[m]["mean_acceptance_length"])
+    if answer not in chat:
+        raise Wrong(f"one of the methods in the table: {', '.join(chat)} (plain decoding, ar, is the baseline).")
+    expect(answer, fastest, hint="read the speedup column of the chat table, at each method's k.",
+           mistakes=[(max(code, key=lambda m: code[m]["speedup"]), "that is the fastest on HumanEval: this asks "
+                                                                   "about the chat prompts."),
+                     (longest, "the longest rounds are not the fastest: a round's cost differs by method.")])
+    return f"Correct: {fastest}, at {chat[fastest]['speedup']:.2f}x plain decoding on chat."
+
+
+@exercise("15.2")
+def _sampling_costs_acceptance(answer):
+    greedy = _reference_rows("humaneval", "greedy")["ngram"]["mean_acceptance_length"]
+    sampled = _reference_rows("humaneval", "temperature 1")["ngram"]["mean_acceptance_length"]
+    expect(answer, greedy / sampled, tol=0.01, hint="two numbers from the acc.len column: n-gram's row in the "
+                                                    "greedy HumanEval table and in the temperature-1 table.",
+           mistakes=[(sampled / greedy, "upside down: greedy over temperature 1.")])
+    return (f"Correct: {greedy:.2f} against {sampled:.2f} tokens a round: a fixed guess matches a sampled token "
+            "less often than the argmax.")
+
+
 from . import labs  # noqa: E402,F401  the coding labs register their checks here too

@@ -73,8 +73,10 @@ WRONGS = {
              {"method": "mtp", "num_speculative_tokens": 4}, "mtp"],
     "10.2": [2.615, 1.5], "10.3": [8, 10], "11.1": [1 / 3, 1.0], "11.2": [0.76, 2.2],
     "11.3": [[], GIVEN["11.3"], "math/m001"], "12.1": [37.54, 16.4], "12.2": [(8, 4), (7, 3), (15, 7)],
-    "12.3": [1.83, 5.65, 4.0], "13.1": [["the", "mat", "."], ["the", "cat", "sat"], ["mat"]],
+    "12.3": [1.83, 5.65, 4.0],
+    "13.1": [["the", "mat", "."], ["the", "cat", "sat"], ["mat"]],
     "13.2": [960, 820, 24], "14.1": [[0, 2], [1], [1, 4, 5]], "14.2": [3, 15, 12],
+    "15.1": ["ar", "fastest", 3], "15.2": [0, -1.0, "ngram"],
 }
 
 
@@ -127,6 +129,13 @@ def test_hand_worked_answers_pass():
 def test_a_known_mistake_gets_its_own_diagnosis(name, wrong, says):
     with pytest.raises(Wrong, match=says):
         check(name, wrong)
+
+
+def test_reading_the_reference_the_wrong_way_round_is_named():
+    """15.2's inverse ratio: the figures come from the committed reference run, so the mistake is computed too."""
+    right = SOLUTIONS.solution_15_2()
+    with pytest.raises(Wrong, match="upside down"):
+        check("15.2", 1 / right)
 
 
 def test_an_unanswered_exercise_says_so_and_raises_nothing(capsys):
