@@ -2,6 +2,7 @@
 
     .venv/bin/python book/build.py                # -> book/_build/html/index.html
     .venv/bin/python book/build.py --instructor   # -> book/_instructor/_build/html/index.html
+    .venv/bin/python book/build.py --repository https://github.com/OWNER/NAME   # the published book
 
 The instructor edition is the same book with a worked solution after every
 exercise and lab, from book/solutions.py (the student chapters hold none).
@@ -15,6 +16,10 @@ They are fetched at build time, never committed.
 The chapters live in ../notebooks (one source of truth, executed in quick
 mode); they are copied into book/chapters/ because Sphinx only reads files
 under the book's folder. Warnings are errors.
+
+`--repository URL` (the publishing workflow, .github/workflows/book.yml) links
+the source from every page and from the landing page's `{{ repository }}`;
+without it the landing page names the repository without a link.
 """
 
 from __future__ import annotations
@@ -138,7 +143,20 @@ def instructor_chapters() -> None:
         nbformat.write(nb, path)
 
 
-def build(instructor: bool = False) -> Path:
+def published_config(url: str) -> Path:
+    """_config.yml with the repository linked: its button on every page, and the landing page's substitution."""
+    import yaml
+
+    config = yaml.safe_load((BOOK / "_config.yml").read_text())
+    config["repository"] = {"url": url, "branch": "main", "path_to_book": "book"}
+    config["html"]["use_repository_button"] = True
+    config.setdefault("parse", {}).setdefault("myst_substitutions", {})["repository"] = f"[its repository]({url})"
+    path = BOOK / "_config.published.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def build(instructor: bool = False, repository: str | None = None) -> Path:
     fetch_assets()
     (VENDOR / "html-manager" / "assets-path.js").write_text(ASSETS_PATH_JS)
     copy_chapters()
@@ -149,8 +167,11 @@ def build(instructor: bool = False) -> Path:
         jupyter_book = Path(sys.executable).parent / "jupyter-book"
         cmd = [str(jupyter_book), "build", str(BOOK), "--all", "--warningiserror", "--keep-going", "--quiet",
                "--path-output", str(out)]
+        if repository:
+            cmd += ["--config", str(published_config(repository))]
         done = subprocess.run(cmd)
     finally:
+        (BOOK / "_config.published.yml").unlink(missing_ok=True)
         if instructor:  # the next student build must not find solutions in chapters/
             copy_chapters()
     if done.returncode != 0:  # jupyter-book printed its own errors above; say which step stopped
@@ -159,4 +180,10 @@ def build(instructor: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"built: {build(instructor='--instructor' in sys.argv[1:]) / 'index.html'}")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instructor", action="store_true", help="with a worked solution after every exercise")
+    parser.add_argument("--repository", metavar="URL", help="link the source repository (the published book)")
+    args = parser.parse_args()
+    print(f"built: {build(args.instructor, args.repository) / 'index.html'}")
