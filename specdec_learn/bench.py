@@ -382,7 +382,7 @@ def read_reference(workload: str = "humaneval", sampling: str = "greedy", name: 
     """
     paths = sorted(RESULTS.glob("reference_*.json")) if name is None else [RESULTS / f"{name}.json"]
     if len(paths) != 1 or not paths[0].is_file():
-        found = ", ".join(p.stem for p in paths) or "none"
+        found = ", ".join(p.stem for p in sorted(RESULTS.glob("reference_*.json"))) or "none"
         raise FileNotFoundError(f"The book reads one reference run from {RESULTS} (found: {found}): name it "
                                 "(read_reference(..., name=...)), or make one with `make reference`.")
     data = json.loads(paths[0].read_text())

@@ -195,7 +195,8 @@ def _bf16_bytes(answer):
 @exercise("1.2")
 def _free_drafting(answer):
     expected = round_speedup(2.5, k=3, c=0.0, verify=1.25)
-    expect(answer, expected, tol=0.01, hint="speedup = tokens per round / cost of a round in plain passes.",
+    expect(answer, expected, tol=0.01, hint="a speedup compares tokens gained with time spent: what does one round yield, and what does it cost "
+                                            "in plain passes?",
            mistakes=[(2.5 * 1.25, "more cost per round means less speedup: divide, do not multiply.")])
     return f"Correct: 2.5 tokens for the price of 1.25 passes, {expected:.1f}x."
 
@@ -208,10 +209,10 @@ P_TARGET, Q_DRAFT = (0.5, 0.35, 0.15), (0.2, 0.3, 0.5)  # exercises 2.1 and 2.2
 @exercise("2.1")
 def _acceptance(answer):
     overlap = sum(min(p, q) for p, q in zip(P_TARGET, Q_DRAFT))
-    expect(answer, overlap, tol=0.005, hint="a draft x comes with probability q(x) and is kept with probability "
-                                            "min(1, p(x)/q(x)): add that up over the three tokens.",
+    expect(answer, overlap, tol=0.005, hint="for each token: how likely it is to be drafted AND then kept by the "
+                                            "rule of this chapter; then add over the tokens.",
            mistakes=[(sum(p * q for p, q in zip(P_TARGET, Q_DRAFT)), "that is the chance that two independent "
-                      "draws agree; rejection sampling keeps a draft x with probability min(1, p(x)/q(x))."),
+                      "draws agree, not that a draft survives verification: it is kept by the chapter's rule."),
                      (0.5 * sum(abs(p - q) for p, q in zip(P_TARGET, Q_DRAFT)),
                       "that is the total variation distance, the chance of a REJECTION: subtract it from 1.")])
     return f"Correct: {overlap:.2f}, the overlap of p and q (one minus their total variation distance)."
@@ -248,8 +249,8 @@ def _ngram(answer):
 @exercise("3.2")
 def _draft_model_speedup(answer):
     expected = round_speedup(3.2, k=4, c=0.1, verify=1.1)
-    expect(answer, expected, tol=0.01, hint="speedup = tokens per round / (drafting cost + verify cost), in "
-                                            "target passes.",
+    expect(answer, expected, tol=0.01, hint="count a round's cost in target passes, the drafting and the verify "
+                                            "pass both, against what the round yields (chapter 3's cost model).",
            mistakes=[(3.2 / 1.1, "do not forget the drafting: 4 drafts at 0.1 passes each.")])
     return f"Correct: {expected:.2f}x."
 
@@ -270,7 +271,8 @@ def _mtp_positions(answer):
 @exercise("4.2")
 def _deepseek(answer):
     expected = round_speedup(1 + 0.85, k=1, c=1 / 61, verify=1.0)
-    expect(answer, expected, tol=0.01, hint="speedup = tokens per round / (drafting + verifying), in target passes.",
+    expect(answer, expected, tol=0.01, hint="what does a round yield, and what does it cost in target passes, "
+                                            "drafting and verifying both?",
            mistakes=[(round_speedup(0.85, k=1, c=1 / 61, verify=1.0), "a round yields the accepted draft AND the "
                                                                 "target's own token: L = 1 + 0.85.")])
     return f"Correct: {expected:.2f}x, close to the 1.8x measured: a cheap, accurate drafter is nearly free speed."
@@ -318,7 +320,8 @@ def _centroids(answer):
 def _assistant_cache(answer):
     text = shipped_drafter("gemma4_mtp").assistant.config.get_text_config()
     expected = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim * 4096 * 2
-    expect(answer, expected, hint="layers x 2 (K and V) x num_key_value_heads x head_dim x tokens x 2 bytes (bf16).",
+    expect(answer, expected, hint="the cache holds one vector per layer, per kind, per KV head, per token: read each count off the "
+                                  "config, and mind the bytes per number.",
            mistakes=[(expected // 2, "count both keys and values."),
                      (expected * 2, "bf16 is 2 bytes a number, not 4.")])
     return f"Correct: {expected:,} bytes ({expected / 2**20:.0f} MiB) that the assistant never allocates."
@@ -352,10 +355,10 @@ def _eagle3_vs_draft_model(answer):
     pair = list(answer) if isinstance(answer, (tuple, list)) else []
     if len(pair) != 2:
         raise Wrong("a pair: (speedup, L needed by the draft model).")
-    expect(pair[0], s, tol=0.01, hint="speedup = L / (k c + T(k+1)/T(1)) with k = 4, c = 0.05.",
+    expect(pair[0], s, tol=0.01, hint="the cost model of chapter 3, with this drafter's k and c: what does a round cost?",
            mistakes=[(3.2 / 1.05, "do not forget the drafting: 4 steps at 0.05 passes each.")])
-    expect(pair[1], need, tol=0.02, hint="the draft model's round costs 4 x 0.3 + 1.05 passes; the same speedup "
-                                         "needs L = speedup x that cost.")
+    expect(pair[1], need, tol=0.02, hint="work backwards: what does the draft model's round cost, and how many "
+                                         "tokens must it yield for the same speedup?")
     return (f"Correct: {s:.2f}x. The draft model would need L = {need:.2f}, more than the k + 1 = 5 tokens a round "
             "can ever yield: at k = 4 no drafter that slow can match a one-layer head.")
 
@@ -464,7 +467,8 @@ def _markov_size(answer):
 def _geometric(answer):
     alpha, k = 0.6, 4
     expected = sum(alpha**i for i in range(k + 1))
-    expect(answer, expected, tol=0.05, hint="sum alpha**i for i = 0..k, or (1 - alpha**(k+1)) / (1 - alpha).",
+    expect(answer, expected, tol=0.05, hint="the chapter's model of one round: how likely is each position to survive, and what does a round "
+                                            "yield on average?",
            mistakes=[(expected - 1, "count the target's own token too: the sum starts at alpha**0 = 1."),
                      (sum(alpha**i for i in range(k)), "the sum has k + 1 terms, alpha**0 to alpha**k: "
                                                        "k drafts plus the target's own token.")])
@@ -508,7 +512,7 @@ def _call_mean_length(answer):
     before = Stats(num_drafts=40, num_draft_tokens=120, num_accepted_tokens=66, accepted_per_pos=[30, 22, 14])
     after = Stats(num_drafts=52, num_draft_tokens=156, num_accepted_tokens=84, accepted_per_pos=[39, 27, 18])
     expected = (after - before).mean_acceptance_length
-    expect(answer, expected, tol=0.005, hint="mean acceptance length = 1 + accepted / drafts, over this call only.",
+    expect(answer, expected, tol=0.005, hint="vLLM's definition (this chapter): from the counters, but for this call only.",
            mistakes=[(after.mean_acceptance_length, "that is the total since the engine started: subtract "
                                                     "`before` first."),
                      (expected - 1, "do not forget the target's own token in every round: 1 + A/D.")])
@@ -537,8 +541,8 @@ def _ttt_weight(answer):
     from .train.eagle3 import TrainConfig
     defaults = TrainConfig()
     weights = [defaults.decay**i for i in range(defaults.ttt_steps)]
-    expect(answer, weights[0] / sum(weights), tol=0.005, hint="divide step 0's weight (1) by the sum of all "
-                                                              "step weights, decay**i.",
+    expect(answer, weights[0] / sum(weights), tol=0.005, hint="write down each step's weight first; step 0's share "
+                                                              "is its part of the total.",
            mistakes=[(1 / defaults.ttt_steps, "the steps are not weighted equally: step i has weight decay**i.")])
     return (f"Correct: {weights[0] / sum(weights):.2f} of the weight is on the first step, which also decides "
             "whether any draft survives.")
@@ -550,8 +554,8 @@ def _predicted_length(answer):
     made = json.loads((shipped("eagle3", "smollm2-135m") / "recipe.json").read_text())
     a0, a1, a2 = made["held_out"]["acc"][:3]
     predicted = 1 + a0 + a0 * a1 + a0 * a1 * a2
-    expect(answer, predicted, tol=0.005, hint="multiply the accuracies along the prefix: a draft counts only if "
-                                              "all before it did.",
+    expect(answer, predicted, tol=0.005, hint="a draft counts only if every draft before it was right: "
+                                              "how likely is that at each step?",
            mistakes=[(predicted - 1, "mean acceptance length counts the target's own token too: add 1."),
                      (1 + a0 + a1 + a2, "a later draft counts only if every draft before it was accepted: "
                                         "multiply along the prefix.")])
@@ -580,7 +584,7 @@ def _training_ids(answer):
 def _gpu_memory(answer):
     params, drafter_gb = 8.2e9, 4.74
     expected = params * 2 / 1e9 + drafter_gb
-    expect(answer, expected, tol=0.1, hint="weights = parameters x bytes per parameter; then add the drafter.",
+    expect(answer, expected, tol=0.1, hint="how many bytes does one bf16 parameter take? And the drafter sits in memory too.",
            mistakes=[(params * 4 / 1e9 + drafter_gb, "bf16 is 2 bytes per parameter, not 4."),
                      (params * 2 / 1e9, "add the drafter's 4.74 GB.")])
     return f"Correct: about {expected:.1f} GB of weights, a small part of an MI300X's 192 GB; the KV cache comes on top."

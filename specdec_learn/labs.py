@@ -81,13 +81,13 @@ def sampling_mistakes(p: torch.Tensor, q: torch.Tensor):
     residual = (p - q).clamp_min(0)
     residual = residual / residual.sum() if residual.sum() > 0 else p
     return [
-        (q, "every draft is kept: the outputs follow q, not p. Keep x only with probability min(1, p(x)/q(x))."),
+        (q, "every draft is kept: the outputs follow q, not p. Some drafts must be rejected."),
         (outputs_if(p, q, ratio, p), "after a rejection you drew from p itself, which counts the mass already "
-                                     "accepted twice: draw from what p has beyond q, max(p - q, 0), normalised."),
+                                     "accepted twice: the replacement must come only from what p has beyond q."),
         (outputs_if(p, q, (q / p.clamp_min(1e-12)).clamp(max=1), residual),
-         "the ratio is upside down: keep x with probability min(1, p(x)/q(x))."),
-        (outputs_if(p, q, ratio, q), "after a rejection you drew from q again: draw from max(p - q, 0), "
-                                     "normalised."),
+         "the acceptance probability is upside down: a token the drafter over-proposes must be kept LESS often."),
+        (outputs_if(p, q, ratio, q), "after a rejection you drew from q again, the distribution that was just "
+                                     "rejected: the replacement must come from what p has beyond q."),
     ]
 
 
@@ -111,7 +111,8 @@ def _speculative_sample(fn):
             if p_value(counts, follows) >= THRESHOLD:
                 raise Wrong(f"for p = {list(p_)}, q = {list(q_)} your tokens came out with frequencies {seen}: {why}")
         raise Wrong(f"for p = {list(p_)}, q = {list(q_)} your tokens came out with frequencies {seen}, which is "
-                    "not p. Accept x with probability min(1, p(x)/q(x)); on a rejection, draw from the residual.")
+                    "not p. Check the two halves apart: how often a draft is kept, and what is drawn after a "
+                    "rejection (chapter 2's proof says what each must be).")
     return (f"Correct: over {len(SAMPLING_CASES)} pairs (p, q) and {DRAWS:,} draws each, your tokens follow p "
             f"(chi-square p-value >= {THRESHOLD}): speculative sampling is lossless.")
 
