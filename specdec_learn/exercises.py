@@ -195,8 +195,8 @@ def _bf16_bytes(answer):
 @exercise("1.2")
 def _free_drafting(answer):
     expected = round_speedup(2.5, k=3, c=0.0, verify=1.25)
-    expect(answer, expected, tol=0.01, hint="a speedup compares tokens gained with time spent: what does one round yield, and what does it cost "
-                                            "in plain passes?",
+    expect(answer, expected, tol=0.01, hint="a speedup compares tokens gained with time spent: what does one "
+                                            "round yield, and what does it cost in plain passes?",
            mistakes=[(2.5 * 1.25, "more cost per round means less speedup: divide, do not multiply.")])
     return f"Correct: 2.5 tokens for the price of 1.25 passes, {expected:.1f}x."
 
@@ -320,8 +320,8 @@ def _centroids(answer):
 def _assistant_cache(answer):
     text = shipped_drafter("gemma4_mtp").assistant.config.get_text_config()
     expected = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim * 4096 * 2
-    expect(answer, expected, hint="the cache holds one vector per layer, per kind, per KV head, per token: read each count off the "
-                                  "config, and mind the bytes per number.",
+    expect(answer, expected, hint="the cache holds one vector per layer, per kind, per KV head, per "
+                                  "token: read each count off the config, and mind the bytes per number.",
            mistakes=[(expected // 2, "count both keys and values."),
                      (expected * 2, "bf16 is 2 bytes a number, not 4.")])
     return f"Correct: {expected:,} bytes ({expected / 2**20:.0f} MiB) that the assistant never allocates."
@@ -355,7 +355,8 @@ def _eagle3_vs_draft_model(answer):
     pair = list(answer) if isinstance(answer, (tuple, list)) else []
     if len(pair) != 2:
         raise Wrong("a pair: (speedup, L needed by the draft model).")
-    expect(pair[0], s, tol=0.01, hint="the cost model of chapter 3, with this drafter's k and c: what does a round cost?",
+    expect(pair[0], s, tol=0.01, hint="the cost model of chapter 3, with this drafter's k and c: what "
+                                      "does a round cost?",
            mistakes=[(3.2 / 1.05, "do not forget the drafting: 4 steps at 0.05 passes each.")])
     expect(pair[1], need, tol=0.02, hint="work backwards: what does the draft model's round cost, and how many "
                                          "tokens must it yield for the same speedup?")
@@ -467,8 +468,8 @@ def _markov_size(answer):
 def _geometric(answer):
     alpha, k = 0.6, 4
     expected = sum(alpha**i for i in range(k + 1))
-    expect(answer, expected, tol=0.05, hint="the chapter's model of one round: how likely is each position to survive, and what does a round "
-                                            "yield on average?",
+    expect(answer, expected, tol=0.05, hint="the chapter's model of one round: how likely is each position to "
+                                            "survive, and what does a round yield on average?",
            mistakes=[(expected - 1, "count the target's own token too: the sum starts at alpha**0 = 1."),
                      (sum(alpha**i for i in range(k)), "the sum has k + 1 terms, alpha**0 to alpha**k: "
                                                        "k drafts plus the target's own token.")])
@@ -512,7 +513,8 @@ def _call_mean_length(answer):
     before = Stats(num_drafts=40, num_draft_tokens=120, num_accepted_tokens=66, accepted_per_pos=[30, 22, 14])
     after = Stats(num_drafts=52, num_draft_tokens=156, num_accepted_tokens=84, accepted_per_pos=[39, 27, 18])
     expected = (after - before).mean_acceptance_length
-    expect(answer, expected, tol=0.005, hint="vLLM's definition (this chapter): from the counters, but for this call only.",
+    expect(answer, expected, tol=0.005, hint="vLLM's definition (this chapter): from the counters, but for "
+                                             "this call only.",
            mistakes=[(after.mean_acceptance_length, "that is the total since the engine started: subtract "
                                                     "`before` first."),
                      (expected - 1, "do not forget the target's own token in every round: 1 + A/D.")])
