@@ -258,21 +258,23 @@ def machine_info(target: Target | None = None) -> dict:
 def format_table(records: list[Record]) -> str:
     """A plain-text table, one line per (method, k)."""
     trees = any(r.tree is not None for r in records)
-    width = 8 if trees else 2  # a tree shows as nodes/depth/branch in the k column
-    names = max([12] + [len(r.name) for r in records])
-    head = (f"{'method':<{names}} {'k':>{width}} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  "
-            "per-position acceptance")
-    lines = [head, "-" * len(head)]
-    for r in records:
-        s = r.stats
-        pos = " ".join(f"{a:.2f}" for a in s.per_position_acceptance)
-        lines.append(
-            f"{r.name:<{names}} {r.label:>{width}} {s.tok_per_s:>7.1f} {r.speedup:>6.2f}x "
-            f"{s.mean_acceptance_length:>7.2f} {r.greedy_match:>5.2f}  {pos}"
-        )
+    lines = table_lines([(r.name, r.label, r.to_json()) for r in records], width=8 if trees else 2)
     if trees:
         lines.append("(a tree: nodes/depth/branch; its per-position acceptance is per depth)")
     return "\n".join(lines)
+
+
+def table_lines(entries: list[tuple[str, str, dict]], width: int = 2) -> list[str]:
+    """The table's lines for (name, k or tree label, a row as Record.to_json writes it); `width`: the k column's."""
+    names = max([12] + [len(name) for name, _, _ in entries])
+    head = (f"{'method':<{names}} {'k':>{width}} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  "
+            "per-position acceptance")
+    lines = [head, "-" * len(head)]
+    for name, label, r in entries:
+        pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
+        lines.append(f"{name:<{names}} {label:>{width}} {r['tok_per_s']:>7.1f} {r['speedup']:>6.2f}x "
+                     f"{r['mean_acceptance_length']:>7.2f} {r['greedy_match']:>5.2f}  {pos}")
+    return lines
 
 
 def write_json(path: str, records: list[Record], target: Target, config: dict) -> None:
@@ -342,13 +344,7 @@ class Results:
             return r["method"] in methods and (not isinstance(methods, dict) or r["k"] == methods[r["method"]])
 
         rows = [r for r in self.rows if r.get("tree") is None and shown(r)]
-        names = max([12] + [len(r["method"]) for r in rows])
-        head = f"{'method':<{names}} {'k':>2} {'tok/s':>7} {'speedup':>7} {'acc.len':>7} {'match':>5}  per-position acceptance"
-        lines = [head, "-" * len(head)]
-        for r in rows:
-            pos = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
-            lines.append(f"{r['method']:<{names}} {r['k']:>2} {r['tok_per_s']:>7.1f} {r['speedup']:>6.2f}x "
-                         f"{r['mean_acceptance_length']:>7.2f} {r['greedy_match']:>5.2f}  {pos}")
+        lines = table_lines([(r["method"], str(r["k"]), r) for r in rows])
         return "\n".join(lines + [f"({self.label}; {self.path.name})"])
 
     def cost_sentence(self, method: str, k: int, who: str) -> str:

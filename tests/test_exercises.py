@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from specdec_learn.exercises import CHECKS, GIVEN, Wrong, check, given, shipped_drafter, smollm2
+from specdec_learn.labs import earliest_match, first_child_walk  # mistakes labs.py diagnoses, planted as bugs
 from specdec_learn.limits import matmul_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,14 +178,6 @@ def keep_every_draft(p, q, x, generator):
     return x
 
 
-def oldest_match(ids, k, min_n, max_n):
-    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
-        for start in range(len(ids) - n):
-            if ids[start:start + n] == ids[-n:]:
-                return ids[start + n:start + n + k]
-    return []
-
-
 def dense_logits(d, centroids, token_ordering, lm_head, top_k):
     return lm_head @ d
 
@@ -213,16 +206,6 @@ def any_seen_suffix(trie, ids, min_match):
     return 0
 
 
-def first_child_walk(drafts, parents, picks):
-    path, node = [], -1
-    while True:
-        kids = [i for i, p in enumerate(parents) if p == node]
-        if not kids or drafts[kids[0]] != picks[node + 1]:
-            return path, picks[node + 1]
-        path.append(kids[0])
-        node = kids[0]
-
-
 def one_step_walk(drafts, parents, picks):
     path, nxt = SOLUTIONS.accept_walk(drafts, parents, picks)
     return (path[:1], picks[path[0] + 1]) if len(path) > 1 else (path, nxt)
@@ -240,7 +223,7 @@ def causal_mask(parents, past):
 @pytest.mark.parametrize("name,bug,says", [
     ("2.3", resample_from_p, "counts the mass already accepted twice"),
     ("2.3", keep_every_draft, "every draft is kept"),
-    ("3.3", oldest_match, "MOST RECENT"),
+    ("3.3", earliest_match, "MOST RECENT"),
     ("5.4", dense_logits, "every token got a score"),
     ("5.4", contiguous_groups, "wrong tokens"),
     ("6.4", draft_vocabulary_id, "DRAFT vocabulary"),
