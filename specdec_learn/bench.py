@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from tqdm.auto import tqdm
 from . import quiet
 from .decode import generate
 from .formats.io import write_text_atomic
-from .limits import cpu_has_bf16
+from .limits import machine_info  # noqa: F401 (the chapters read it from here too)
 from .sampling import GREEDY, Sampling
 from .stats import Stats
 from .target import Target
@@ -228,31 +227,6 @@ def compare_to_ar(records: list[Record]) -> list[Record]:
             if r.stats.num_draft_tokens:
                 r.draft_cost = r.stats.draft_time / r.stats.num_draft_tokens / ar_step
     return records
-
-
-def machine_info(target: Target | None = None) -> dict:
-    """What the numbers were measured on, for the results file."""
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
-        "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    if target is not None:
-        info.update(device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
-    return info
 
 
 def format_table(records: list[Record]) -> str:

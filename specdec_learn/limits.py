@@ -23,6 +23,8 @@ drafting gives L = k + 1 and c = T(k+1)/T(1), the verify pass alone.
 from __future__ import annotations
 
 import functools
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -35,7 +37,7 @@ def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
 
     Without them torch emulates bf16 matmuls, several times slower, and two
     hosts that both call themselves "AMD EPYC" may differ in exactly this.
-    Results files record it (bench.machine_info: None says "not known", on
+    Results files record it (machine_info: None says "not known", on
     macOS for one); EAGLE-3's trainer autocasts only where it is True.
     """
     try:
@@ -43,6 +45,32 @@ def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
     except OSError:  # not Linux
         return None
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def machine_info(target=None) -> dict:
+    """What the numbers were measured on, for a results file: the CPU (and whether it has bf16 instructions), the
+    GPU, the versions, and the target's device and dtype when one is given."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    if target is not None:
+        info.update(device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
+    return info
 
 
 def read_bandwidth(mbytes: int = 512, repeats: int = 5, device: str = "cpu") -> float:

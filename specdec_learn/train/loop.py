@@ -305,7 +305,7 @@ def format_metrics(metrics: dict) -> str:
 
 def recipe(run: Run, method: str, target, command: str | None = None) -> dict:
     """recipe.json: how a checkpoint was made, from the Run that made it."""
-    from ..bench import machine_info
+    from ..limits import machine_info
 
     recent = mean_records(run.history[-50:])
     return {
