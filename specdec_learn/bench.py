@@ -41,7 +41,7 @@ from .decode import generate
 from .formats.io import write_text_atomic
 from .limits import machine_info  # noqa: F401 (the chapters read it from here too)
 from .sampling import GREEDY, Sampling
-from .stats import Stats
+from .stats import Record, Stats, compare_to_ar
 from .target import Target
 from .tree import TreeSpec
 from .workloads import Prompt
@@ -49,74 +49,44 @@ from .drafters import branching, reducible
 from .zoo import make_drafter
 
 
-@dataclass
-class Record:
-    """The result of one (method, k) over all prompts."""
+@dataclass(frozen=True)
+class Planned:
+    """One run of a bench: a method with a chain of k or a tree, its draft vocabulary and its drafter's folder."""
 
     method: str
-    k: int
-    stats: Stats
-    outputs: list[list[int]] = field(repr=False)
-    speedup: float = 1.0
-    greedy_match: float = 1.0
-    draft_cost: float | None = None  # c: drafter seconds per drafted token / AR seconds per step (None: no drafts)
-    verify_cost: float | None = None  # seconds per verify round / AR seconds per step
-    tree: TreeSpec | None = None  # a token tree instead of a chain of k (then k = the tree's depth)
-    draft_vocab: int | None = None  # the drafter scored only this many tokens (vocab.py); None = all
-    drafter: str | None = None  # the folder of a drafter run beside the default one (bench's `others`); None = default
+    k: int = 0  # a chain's draft length (0: AR, or a tree)
+    tree: TreeSpec | None = None
+    draft_vocab: int | None = None  # a reduced draft vocabulary (vocab.py); None = the full one
+    draft: str | None = None  # the drafter's folder (None: the default one)
+    other: bool = False  # from bench's `others`: recorded under its folder (--draft may name the same folder)
 
-    @property
-    def name(self) -> str:
-        """The method, with its draft vocabulary when reduced and its folder when not the default one.
+    def decode(self, target, drafter, prompt: Prompt, max_new_tokens: int, sampling: Sampling, seed: int):
+        """One prompt, decoded as this run decodes it."""
+        return generate(target, prompt.text, drafter, k=0 if self.tree else self.k, max_new_tokens=max_new_tokens,
+                        sampling=sampling, seed=seed, tree=self.tree)
 
-        'dflash v8192'; 'eagle3 @retrain/eagle3-smollm2-135m' (the folder's last two parts).
-        """
-        name = self.method if self.draft_vocab is None else f"{self.method} v{self.draft_vocab}"
-        return name if self.drafter is None else f"{name} @{'/'.join(Path(self.drafter).parts[-2:])}"
-
-    @property
-    def label(self) -> str:
-        """k for a chain, 'nodes/depth/branch' for a tree."""
-        return str(self.k) if self.tree is None else f"{self.tree.nodes}/{self.tree.depth}/{self.tree.branch}"
-
-    def to_json(self) -> dict:
-        s = self.stats
-        return {
-            "method": self.method,
-            "k": self.k,
-            "tree": None if self.tree is None else asdict(self.tree),
-            "draft_vocab": self.draft_vocab,
-            "drafter": self.drafter,
-            "nodes_per_round": s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0,
-            "speedup": self.speedup,
-            "greedy_match": self.greedy_match,
-            "draft_cost": self.draft_cost,
-            "verify_cost": self.verify_cost,
-            **self.stats.summary(),
-        }
+    def record(self, drafter, stats: Stats, outputs: list) -> Record:
+        """Its Record: a tree is filed under its depth, AR (no drafter) under k = 0."""
+        k = self.tree.depth if self.tree is not None else self.k
+        return Record(self.method, k if drafter is not None else 0, stats, outputs, tree=self.tree,
+                      draft_vocab=self.draft_vocab, drafter=self.draft if self.other else None)
 
 
 def run_method(target, method, drafter, k, prompts, max_new_tokens, sampling, seed, progress=None,
                tree: TreeSpec | None = None, draft_vocab: int | None = None) -> Record:
-    """One (method, k) or (method, tree) over every prompt; prompt i is sampled with seed + i.
+    """One (method, k) or (method, tree) over every prompt, with a drafter you built; prompt i is sampled with
+    seed + i.
 
     draft_vocab: the reduced vocabulary `drafter` was made with (zoo.make_drafter), for the record.
     """
-    stats, outputs = Stats(), []
+    run, stats, outputs = Planned(method, k, tree, draft_vocab), Stats(), []
     for i, prompt in enumerate(prompts):
-        out = generate(target, prompt.text, drafter, k=0 if tree else k, max_new_tokens=max_new_tokens,
-                       sampling=sampling, seed=seed + i, tree=tree)
+        out = run.decode(target, drafter, prompt, max_new_tokens, sampling, seed + i)
         stats = stats + out.stats
         outputs.append(out.tokens)
         if progress is not None:
             progress.update(1)
-    return record_of(method, drafter, k, tree, draft_vocab, stats, outputs)
-
-
-def record_of(method, drafter, k, tree, draft_vocab, stats: Stats, outputs: list) -> Record:
-    """The Record of one run: a tree is filed under its depth, AR (no drafter) under k = 0."""
-    k = tree.depth if tree is not None else k
-    return Record(method, k if drafter is not None else 0, stats, outputs, tree=tree, draft_vocab=draft_vocab)
+    return run.record(drafter, stats, outputs)
 
 
 def bench(
@@ -160,26 +130,27 @@ def bench(
     if strays:
         raise ValueError(f"A drafter was given for {', '.join(strays)}, which is not among the methods run: "
                          "add it to --methods.")
-    # (method, k, tree, draft vocabulary, drafter folder, from `others`); None = a chain, the full vocabulary,
-    # the default drafter. The flag, not the folder, marks an `others` run: --draft may name the same folder.
-    runs = [("ar", 0, None, None, draft, False)] + [(m, k, None, None, draft, False) for m in methods for k in ks_of[m]]
-    runs += [(m, 0, tree, None, draft, False) for m in methods if m in branching() for tree in trees]
-    runs += [(m, k, None, v, draft, False) for v in draft_vocabs for m in methods if m in reducible() for k in ks_of[m]]
-    runs += [(m, k, None, None, folder, True) for m, folder in others for k in ks_of[m]]
+    runs = [Planned("ar", draft=draft)] + [Planned(m, k, draft=draft) for m in methods for k in ks_of[m]]
+    runs += [Planned(m, tree=tree, draft=draft) for m in methods if m in branching() for tree in trees]
+    runs += [Planned(m, k, draft_vocab=v, draft=draft) for v in draft_vocabs for m in methods if m in reducible()
+             for k in ks_of[m]]
+    runs += [Planned(m, k, draft=folder, other=True) for m, folder in others for k in ks_of[m]]
     # Build every drafter before timing anything: a bad name, a missing draft or a tree it cannot grow fails fast.
     # One drafter per run, as the runs take turns below: no run may learn from another's outputs (suffix
     # decoding remembers every answer its drafter has seen).
     cached = {}
-    for m, _, _, v, d, _ in runs:  # a failing build fails once, before anything is loaded twice
-        if (m, v, d) not in cached:
-            cached[m, v, d] = make_drafter(m, target, draft=d, draft_vocab=v)
+    for run in runs:  # a failing build fails once, before anything is loaded twice
+        key = (run.method, run.draft_vocab, run.draft)
+        if key not in cached:
+            cached[key] = make_drafter(run.method, target, draft=run.draft, draft_vocab=run.draft_vocab)
     drafters = []
-    for m, _, _, v, d, _ in runs:
-        key = (m, v, d)
-        drafters.append(cached.pop(key) if key in cached else make_drafter(m, target, draft=d, draft_vocab=v))
-    for (_, _, tree, _, _, _), drafter in zip(runs, drafters):
-        if tree is not None:
-            drafter.check_tree(tree)
+    for run in runs:
+        key = (run.method, run.draft_vocab, run.draft)
+        drafters.append(cached.pop(key) if key in cached
+                        else make_drafter(run.method, target, draft=run.draft, draft_vocab=run.draft_vocab))
+    for run, drafter in zip(runs, drafters):
+        if run.tree is not None:
+            drafter.check_tree(run.tree)
     generate(target, prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
     start = quiet.snapshot()  # how much of the CPUs other processes take from here on (quiet.py)
     bar = tqdm(total=len(runs) * len(prompts), desc="bench", disable=not progress, unit="gen")
@@ -188,20 +159,52 @@ def bench(
     # had AR run first and each method after it, the drift would be credited to whichever runs met a fast
     # minute. Taking turns spreads every run, AR included, over the whole time.
     for i, prompt in enumerate(prompts):
-        for j, ((method, k, tree, _, _, _), drafter) in enumerate(zip(runs, drafters)):
-            bar.set_postfix_str(f"prompt {i + 1}, {method} " + (f"k={k}" if tree is None else f"tree={tree}"))
-            out = generate(target, prompt.text, drafter, k=0 if tree else k, max_new_tokens=max_new_tokens,
-                           sampling=sampling, seed=seed + i, tree=tree)
+        for j, (run, drafter) in enumerate(zip(runs, drafters)):
+            bar.set_postfix_str(f"prompt {i + 1}, {run.method} " + (f"k={run.k}" if run.tree is None
+                                                                    else f"tree={run.tree}"))
+            out = run.decode(target, drafter, prompt, max_new_tokens, sampling, seed + i)
             stats[j] = stats[j] + out.stats
             outputs[j].append(out.tokens)
             bar.update(1)
     bar.close()
-    records = []
-    for (method, k, tree, vocab, folder, other), drafter, s, outs in zip(runs, drafters, stats, outputs):
-        record = record_of(method, drafter, k, tree, vocab, s, outs)
-        record.drafter = folder if other else None
-        records.append(record)
+    records = [run.record(drafter, s, outs) for run, drafter, s, outs in zip(runs, drafters, stats, outputs)]
     return Run(compare_to_ar(records), quiet.conditions(start, quiet.snapshot()))
+
+
+def vllm_bench(
+    model: str,
+    methods: list[str],
+    ks: list[int],
+    prompts: list[Prompt],
+    max_new_tokens: int = 128,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+    draft: str | None = None,
+    dtype: str | None = None,
+    batch_size: int = 1,
+    cache_dir: str | None = None,
+    **engine_options,
+) -> list[Record]:
+    """AR once and every other method at every k through vLLM (vllm_backend.py); one engine per (method, k).
+
+    The same Records as `bench.bench`: speedup over vLLM's own AR, and greedy
+    match = the fraction of prompts whose output equals vLLM AR's.
+    """
+    from .vllm_backend import VllmEngine, resolve_draft, speculative_config
+
+    if not prompts:
+        raise ValueError("No prompts to benchmark on.")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
+    runs = [("ar", 0)] + [(m, k) for m in methods if m != "ar" for k in ks]
+    for method, k in runs:  # a bad name or a missing draft fails before any engine starts
+        speculative_config(method, k, resolve_draft(model, method, draft if method != "ngram" else None))
+    records = []
+    for method, k in runs:
+        with VllmEngine(model, method, k, draft, dtype, seed, cache_dir, **engine_options) as engine:
+            engine.generate(prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
+            records.append(engine.run(prompts, max_new_tokens, sampling, seed, batch_size))
+    return compare_to_ar(records)
 
 
 class Run(list):
@@ -210,23 +213,6 @@ class Run(list):
     def __init__(self, records, conditions: dict | None = None):
         super().__init__(records)
         self.conditions = conditions
-
-
-def compare_to_ar(records: list[Record]) -> list[Record]:
-    """Fill in every record's speedup, greedy match and costs against the first one, the AR run (both backends).
-
-    vLLM's counters hold no draft or verify times: its records keep costs None.
-    """
-    ar = records[0]
-    ar_step = ar.stats.verify_time / ar.stats.num_rounds if ar.stats.num_rounds else 0.0
-    for r in records:
-        r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
-        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
-        if ar_step > 0 and r.stats.num_rounds and r.stats.verify_time > 0:
-            r.verify_cost = r.stats.verify_time / r.stats.num_rounds / ar_step
-            if r.stats.num_draft_tokens:
-                r.draft_cost = r.stats.draft_time / r.stats.num_draft_tokens / ar_step
-    return records
 
 
 def format_table(records: list[Record]) -> str:
@@ -264,9 +250,9 @@ def write_json(path: str, records: list[Record], target: Target, config: dict) -
 
 # --- reading results back -------------------------------------------------------------
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # in a clone of the repository
+# the committed results, in a clone of the repository; $SPECDEC_RESULTS names another folder (an installed wheel has none)
+RESULTS = Path(os.environ.get("SPECDEC_RESULTS") or Path(__file__).resolve().parents[1] / "benchmarks" / "results")
 FULL_RUN = (10, 128)  # prompts x new tokens: the least a run the book calls full has (benchmarks/reference.py)
-NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}  # prose spells these
 
 
 @dataclass
@@ -321,15 +307,6 @@ class Results:
         lines = table_lines([(r["method"], str(r["k"]), r) for r in rows])
         return "\n".join(lines + [f"({self.label}; {self.path.name})"])
 
-    def cost_sentence(self, method: str, k: int, who: str) -> str:
-        """The sentence a chapter states its drafter's measured acceptance, speed and costs in (chapters 4, 5, 7)."""
-        m = self.get(method, k)
-        return (f"Measured side by side with plain decoding ({self.label}; `benchmarks/results/{self.path.name}`), "
-                f"{who}'s mean acceptance length at $k = {k}$ is {m['mean_acceptance_length']:.2f} and it runs "
-                f"at {m['speedup']:.2f}x plain decoding: each drafted token costs $c = {m['draft_cost']:.2f}$ of "
-                f"a plain step and the verify pass over {NUMBERS.get(k + 1, k + 1)} rows "
-                f"{m['verify_cost']:.2f} plain steps.")
-
 
 def read_results(name: str | os.PathLike) -> Results:
     """A JSON written by `write_json`: a path, or the name of one committed in benchmarks/results/."""
@@ -338,7 +315,8 @@ def read_results(name: str | os.PathLike) -> Results:
         path = RESULTS / f"{name}.json"
     if not path.is_file():
         raise FileNotFoundError(f"No benchmark results at {path}: the book reads the results committed in the "
-                                f"repository's benchmarks/results/; run it from a clone (git clone, then make setup).")
+                                "repository's benchmarks/results/: run it from a clone (git clone, then make setup), "
+                                "or name the folder with $SPECDEC_RESULTS.")
     data = json.loads(path.read_text())
     return Results(path, data["machine"], data["config"], data["results"], data.get("conditions"))
 

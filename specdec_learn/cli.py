@@ -134,8 +134,6 @@ def _bench(args, sampling) -> int:
     if not prompts:
         raise ValueError(f"The workload {args.workload!r} has no prompts: add lines of {{\"prompt\": ...}}.")
     if args.backend == "vllm":
-        from . import vllm_backend
-
         if args.tree:
             raise ValueError(NO_VLLM_TREES)
         if args.draft_vocab:
@@ -144,8 +142,10 @@ def _bench(args, sampling) -> int:
             raise ValueError("--drafter runs the readable loop twice over one target; with vLLM run the "
                              "benchmark once per drafter (--draft DIR) instead.")
         target = None
-        records = vllm_backend.bench(args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed,
-                                     args.draft, args.dtype, args.batch_size, args.cache_dir, **_vllm_options(args))
+        records = bench_mod.vllm_bench(
+            args.model, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, args.dtype,
+            args.batch_size, args.cache_dir, **_vllm_options(args),
+        )
     else:
         if args.batch_size != 1:
             raise ValueError("The readable loop decodes one prompt at a time: --batch-size needs --backend vllm.")

@@ -15,11 +15,18 @@ A round that drafted nothing (n-gram found no match, or the last token of the
 budget) is not a draft, as in vLLM. A tree (tree.py) counts its nodes as
 drafted tokens and its accepted path as accepted ones; its positions are
 depths. Times are wall-clock seconds.
+
+A `Record` is one (method, k) over a set of prompts, with its `Stats` and
+outputs; `compare_to_ar` sets it beside the AR record of the same run (both
+backends, the library's loop and vLLM, return Records).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .tree import TreeSpec
 
 
 @dataclass
@@ -113,3 +120,67 @@ class Stats:
             "prefill_time_s": self.prefill_time,
             "total_time_s": self.total_time,
         }
+
+
+@dataclass
+class Record:
+    """The result of one (method, k) over all prompts."""
+
+    method: str
+    k: int
+    stats: Stats
+    outputs: list[list[int]] = field(repr=False)
+    speedup: float = 1.0
+    greedy_match: float = 1.0
+    draft_cost: float | None = None  # c: drafter seconds per drafted token / AR seconds per step (None: no drafts)
+    verify_cost: float | None = None  # seconds per verify round / AR seconds per step
+    tree: TreeSpec | None = None  # a token tree instead of a chain of k (then k = the tree's depth)
+    draft_vocab: int | None = None  # the drafter scored only this many tokens (vocab.py); None = all
+    drafter: str | None = None  # the folder of a drafter run beside the default one (bench's `others`); None = default
+
+    @property
+    def name(self) -> str:
+        """The method, with its draft vocabulary when reduced and its folder when not the default one.
+
+        'dflash v8192'; 'eagle3 @retrain/eagle3-smollm2-135m' (the folder's last two parts).
+        """
+        name = self.method if self.draft_vocab is None else f"{self.method} v{self.draft_vocab}"
+        return name if self.drafter is None else f"{name} @{'/'.join(Path(self.drafter).parts[-2:])}"
+
+    @property
+    def label(self) -> str:
+        """k for a chain, 'nodes/depth/branch' for a tree."""
+        return str(self.k) if self.tree is None else f"{self.tree.nodes}/{self.tree.depth}/{self.tree.branch}"
+
+    def to_json(self) -> dict:
+        s = self.stats
+        return {
+            "method": self.method,
+            "k": self.k,
+            "tree": None if self.tree is None else asdict(self.tree),
+            "draft_vocab": self.draft_vocab,
+            "drafter": self.drafter,
+            "nodes_per_round": s.num_draft_tokens / s.num_drafts if s.num_drafts else 0.0,
+            "speedup": self.speedup,
+            "greedy_match": self.greedy_match,
+            "draft_cost": self.draft_cost,
+            "verify_cost": self.verify_cost,
+            **self.stats.summary(),
+        }
+
+
+def compare_to_ar(records: list[Record]) -> list[Record]:
+    """Fill in every record's speedup, greedy match and costs against the first one, the AR run (both backends).
+
+    vLLM's counters hold no draft or verify times: its records keep costs None.
+    """
+    ar = records[0]
+    ar_step = ar.stats.verify_time / ar.stats.num_rounds if ar.stats.num_rounds else 0.0
+    for r in records:
+        r.speedup = r.stats.tok_per_s / ar.stats.tok_per_s if ar.stats.tok_per_s else float("nan")
+        r.greedy_match = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
+        if ar_step > 0 and r.stats.num_rounds and r.stats.verify_time > 0:
+            r.verify_cost = r.stats.verify_time / r.stats.num_rounds / ar_step
+            if r.stats.num_draft_tokens:
+                r.draft_cost = r.stats.draft_time / r.stats.num_draft_tokens / ar_step
+    return records

@@ -54,11 +54,10 @@ import time
 from pathlib import Path
 
 from . import models
-from .bench import Record, compare_to_ar
 from .decode import Generation
 from .methods import METHODS, names
 from .sampling import GREEDY, Sampling
-from .stats import Round, Stats
+from .stats import Record, Round, Stats
 from .target import encode
 from .workloads import Prompt
 
@@ -369,38 +368,3 @@ def _import_vllm(cache: Path):
     from vllm.platforms import current_platform
 
     return LLM, current_platform.is_cpu()
-
-
-# -- a benchmark run, as bench.bench does it -------------------------------------
-def bench(
-    model: str,
-    methods: list[str],
-    ks: list[int],
-    prompts: list[Prompt],
-    max_new_tokens: int = 128,
-    sampling: Sampling = GREEDY,
-    seed: int = 0,
-    draft: str | None = None,
-    dtype: str | None = None,
-    batch_size: int = 1,
-    cache_dir: str | None = None,
-    **engine_options,
-) -> list[Record]:
-    """AR once and every other method at every k through vLLM; one engine per (method, k).
-
-    The same Records as `bench.bench`: speedup over vLLM's own AR, and greedy
-    match = the fraction of prompts whose output equals vLLM AR's.
-    """
-    if not prompts:
-        raise ValueError("No prompts to benchmark on.")
-    if any(k < 1 for k in ks):
-        raise ValueError(f"Every k must be >= 1 (k = 0 is the AR baseline, always included); got {ks}.")
-    runs = [("ar", 0)] + [(m, k) for m in methods if m != "ar" for k in ks]
-    for method, k in runs:  # a bad name or a missing draft fails before any engine starts
-        speculative_config(method, k, resolve_draft(model, method, draft if method != "ngram" else None))
-    records = []
-    for method, k in runs:
-        with VllmEngine(model, method, k, draft, dtype, seed, cache_dir, **engine_options) as engine:
-            engine.generate(prompts[0].text, max_new_tokens=8)  # warm-up: first calls pay one-off costs
-            records.append(engine.run(prompts, max_new_tokens, sampling, seed, batch_size))
-    return compare_to_ar(records)

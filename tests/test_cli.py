@@ -53,7 +53,7 @@ def test_bench_writes_table_json_and_plot(tmp_path, capsys):
             assert key in r
         assert r["greedy_match"] == 1.0  # fp32 greedy: lossless
         assert len(r["per_position_acceptance"]) <= r["k"]
-    for k in (1, 3):  # the n-gram rows, by the definitions (stats.py, bench.compare_to_ar)
+    for k in (1, 3):  # the n-gram rows, by the definitions (stats.py: compare_to_ar)
         r = records[("ngram", k)]
         assert r["num_drafts"] > 0 and r["num_accepted_tokens"] > 0
         assert r["speedup"] == pytest.approx(r["tok_per_s"] / ar["tok_per_s"])

@@ -54,7 +54,7 @@ def test_throughput_is_total_tokens_over_total_time():
 
 def test_speedup_and_greedy_match_are_against_the_first_record():
     """compare_to_ar: speedup = tok/s over AR's tok/s; greedy match = the share of prompts whose output is AR's."""
-    from specdec_learn.bench import Record, compare_to_ar
+    from specdec_learn.stats import Record, compare_to_ar
 
     ar = Record("ar", 0, Stats(num_output_tokens=40, total_time=4.0), [[1, 2], [3, 4], [5]])  # 10 tok/s
     spec = Record("x", 3, Stats(num_output_tokens=40, total_time=1.6), [[1, 2], [3, 9], [5]])  # 25 tok/s
@@ -68,7 +68,7 @@ def test_speedup_and_greedy_match_are_against_the_first_record():
 def test_costs_are_in_units_of_one_ar_step():
     """c = drafter seconds per drafted token / AR seconds per step; verify cost = seconds per verify round / the same.
     vLLM's records have no times and keep both None."""
-    from specdec_learn.bench import Record, compare_to_ar
+    from specdec_learn.stats import Record, compare_to_ar
 
     ar, spec, vllm = Stats(), Stats(), Stats()
     for _ in range(10):
