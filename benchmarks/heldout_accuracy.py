@@ -15,7 +15,7 @@ and the shipped one it might replace are scored alike, on the same examples:
 * draft_model: train/draft_model.agreement, teacher-forced top-1 agreement
   with the target's greedy answers, what its evaluate logs (no target forward).
 
-The split is by prompt source (data.prompt_source): the corpus is mostly
+The split is by prompt source (sources.prompt_source): the corpus is mostly
 Magpie requests, the benchmark's workloads are the templated kinds, and a
 drafter is fast on the text it is served. Held-out accuracy is an upper
 bound on what a chain accepts and the signal a training run watches; whether
@@ -37,7 +37,9 @@ from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.models import load_hf
 from specdec_learn.target import load
 from specdec_learn.train import dflash, draft_model, dspark
-from specdec_learn.train.data import OnDemand, prompt_source, training_data, training_split
+from specdec_learn.train.data import training_split
+from specdec_learn.train.features import OnDemand, training_data
+from specdec_learn.train.sources import prompt_source
 
 
 def example_loss(method: str, model, embed, lm_head):

@@ -15,8 +15,10 @@ DFlash and DSpark the same option. The rule (speculators'
 ``train/vocab_mapping.py``, EAGLE's ``cnets.py``): count the target's own
 answer tokens in the training data, keep the V_d most frequent, sorted by id.
 
-`choose_draft_vocab` applies that rule (EAGLE-3's training here uses it too),
-`corpus_vocabulary` applies it to the committed corpus (datasets/).
+`choose_draft_vocab` applies that rule to any examples (EAGLE-3's training
+here uses it too; train/corpus.py's `corpus_vocabulary` applies it to the
+committed corpus, datasets/: reading the corpus is training's business, a
+floor above this one, so it lives there).
 `ReducedHead` is the head over that subset: it multiplies by V_d rows of the
 target's head only, and puts -inf everywhere else, so every later step
 (argmax, sampling, a tree's top candidates) runs unchanged. Still lossless:
@@ -35,7 +37,6 @@ tokens that fall inside the subset.
 from __future__ import annotations
 
 from collections import Counter
-from functools import lru_cache
 
 import torch
 from torch import nn
@@ -44,7 +45,7 @@ from torch import nn
 def choose_draft_vocab(examples, size: int, vocab_size: int, always=()) -> torch.Tensor:
     """The `size` most frequent answer tokens of `examples` (plus `always`), sorted by id: [size] ids.
 
-    examples: objects with ``input_ids`` and ``loss_mask`` (train.data.Example);
+    examples: objects with ``input_ids`` and ``loss_mask`` (train.examples.Example);
     only answer (loss-masked) positions count. always: ids kept whatever their
     count (the end-of-sequence tokens, so that the drafter can still propose
     the end of the answer). When the answers use fewer distinct tokens, the
@@ -71,19 +72,6 @@ def coverage(examples, ids) -> float:
                 total += 1
                 inside += t in ids
     return inside / max(total, 1)
-
-
-@lru_cache(maxsize=8)
-def corpus_vocabulary(target_name: str, size: int, vocab_size: int, always: tuple[int, ...] = ()) -> tuple[int, ...]:
-    """The draft vocabulary of `size` tokens counted in the committed corpus's training split (datasets/)."""
-    from .train.corpus import Settings, load_split, store_dir
-
-    folder = store_dir(Settings(target=target_name))
-    train, _ = load_split(folder)
-    if not train:
-        raise ValueError(f"No corpus for {target_name} in {folder}: a draft vocabulary is counted there. "
-                         "Build it (python -m specdec_learn.train.corpus build) or drop --draft-vocab.")
-    return tuple(choose_draft_vocab(train, size, vocab_size, always).tolist())
 
 
 class ReducedHead(nn.Module):

@@ -44,7 +44,7 @@ def make_drafter(
         if not 1 <= draft_vocab <= target.vocab_size:
             raise ValueError(f"--draft-vocab must lie in 1..{target.vocab_size} (the target's vocabulary); "
                              f"got {draft_vocab}.")
-        from .vocab import corpus_vocabulary
+        from .train.corpus import corpus_vocabulary
 
         eos = tuple(sorted(target.eos_ids))  # always in: the drafter can still propose the end of the answer
         drafter.reduce_vocabulary(corpus_vocabulary(target.name, draft_vocab, target.vocab_size, eos))

@@ -19,7 +19,8 @@ import pytest
 
 from specdec_learn.train import corpus, magpie
 from specdec_learn.train import job as job_module
-from specdec_learn.train.data import Example, bench_texts, split_examples
+from specdec_learn.train.examples import Example, split_examples
+from specdec_learn.train.prompts import bench_texts
 from specdec_learn.workloads import Prompt, is_benchmark_prompt, load_workload
 
 SETTINGS = corpus.Settings(target="fake-target", max_new_tokens=8, engine="fake")
@@ -77,7 +78,7 @@ def test_round_trip_gives_the_same_examples(tmp_path):
     # uint16 really: two bytes per token id (plus a small header)
     tokens = sum(len(ex.input_ids) for ex in shards[0])
     assert (tmp_path / "shard-00000.safetensors").stat().st_size < 2 * tokens + 1200
-    # the held-out split is data.split_examples' rule
+    # the held-out split is examples.split_examples' rule
     assert corpus.load_split(tmp_path) == split_examples(back, eval_fraction=0.05)
 
 

@@ -129,14 +129,14 @@ def test_a_dspark_run_can_start_from_a_checkpoint_and_its_recipe_names_it(tiny_s
 
 
 def sourced_examples(n_templated: int, n_magpie: int):
-    from specdec_learn.train.data import Example
+    from specdec_learn.train.examples import Example
 
     ids = [f"mbpp/{i}" for i in range(n_templated)] + [f"magpie/{i:016x}" for i in range(n_magpie)]
     return [Example(i, [1, 2, 3, 4], [False, True, True, True]) for i in ids]
 
 
 def test_a_templated_share_sets_how_often_each_source_is_drawn():
-    from specdec_learn.train.data import prompt_source, source_weights
+    from specdec_learn.train.sources import prompt_source, source_weights
 
     examples = sourced_examples(3, 30)
     assert [prompt_source(ex.id) for ex in examples[2:4]] == ["templated", "magpie"]
@@ -155,7 +155,7 @@ def test_a_templated_share_sets_how_often_each_source_is_drawn():
 
 @pytest.mark.parametrize("share", [1.5, 0.2])
 def test_a_share_the_corpus_cannot_give_is_one_clear_error(share):
-    from specdec_learn.train.data import source_weights
+    from specdec_learn.train.sources import source_weights
 
     examples = sourced_examples(0, 5) if share == 0.2 else sourced_examples(2, 5)
     with pytest.raises(ValueError, match="--templated-share"):

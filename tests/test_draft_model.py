@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import specdec_learn as sd
 from conftest import tiny_target, training_ids
 from specdec_learn.checkpoints import materialize, shipped, write_draft_delta
-from specdec_learn.train.data import Example
+from specdec_learn.train.examples import Example
 from specdec_learn.train.draft_model import Student, agreement, student_config, train
 from specdec_learn.train.magpie import PREFIX as MAGPIE
 from specdec_learn.zoo import make_drafter

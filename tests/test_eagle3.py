@@ -271,7 +271,8 @@ def test_mismatched_target_is_refused_naming_both_numbers(tmp_path):
 
 def test_drafting_step_by_step_equals_the_training_unroll():
     """Inference (KV cache, positions, own-state feedback) and the TTT unroll compute the same thing."""
-    from specdec_learn.train.data import Example, capture
+    from specdec_learn.train.examples import Example
+    from specdec_learn.train.features import capture
     from specdec_learn.train.eagle3 import ttt_forward
 
     target = tiny_target("llama")
@@ -306,7 +307,8 @@ def test_bf16_autocast_follows_the_hardware_unless_asked(asked):
 
 
 def test_twenty_training_steps_lower_the_loss(tmp_path):
-    from specdec_learn.train.data import Example, capture
+    from specdec_learn.train.examples import Example
+    from specdec_learn.train.features import capture
     from specdec_learn.train.eagle3 import TrainConfig, choose_draft_vocab, fit
 
     target = tiny_target("llama")
@@ -336,7 +338,9 @@ def test_twenty_training_steps_lower_the_loss(tmp_path):
 
 @pytest.mark.parametrize("share,tokens", [(1.0, 5 * 80), (0.0, 5 * 100)])
 def test_a_templated_share_packs_each_batch_from_the_sources_it_asks_for(tmp_path, share, tokens):
-    from specdec_learn.train.data import Example, capture, source_weights
+    from specdec_learn.train.examples import Example
+    from specdec_learn.train.features import capture
+    from specdec_learn.train.sources import source_weights
     from specdec_learn.train.eagle3 import TrainConfig, fit
 
     target = tiny_target("llama")

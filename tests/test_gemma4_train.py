@@ -12,7 +12,8 @@ import specdec_learn as sd
 from specdec_learn.drafters.gemma4_mtp import Gemma4AssistantDrafter, load_gemma4_assistant
 from specdec_learn.checkpoints import PROJECTION, TABLE
 from specdec_learn.train import gemma4_mtp as train_g4
-from specdec_learn.train.data import capture, load_examples
+from specdec_learn.train.data import load_examples
+from specdec_learn.train.features import capture
 
 
 def test_assistant_learns_resumes_and_ships_its_table_as_a_projection(tmp_path, monkeypatch):

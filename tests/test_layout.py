@@ -5,6 +5,8 @@
   the other way round;
 * formats/ import nothing of the library but formats/ and models: a format
   module translates files, it never builds a network or a drafter;
+* every import runs down the floors below, lazy imports inside functions too
+  (ast.walk sees them): a module may import its own floor and those beneath;
 * no module imports another module's private (underscored) names.
 """
 
@@ -53,6 +55,47 @@ FORBIDDEN = {
 }
 
 
+# The floors, lowest first (docs/ARCHITECTURE.md, "Import rules"). The core decodes; the vLLM backend decodes
+# the same recipes faster; training runs both to make its data; the zoo names drafters (and counts a cut
+# vocabulary in the training corpus); the bench runs them; the book's modules show them; the CLI drives all.
+FLOORS = [
+    ("core", ("methods", "sampling", "stats", "limits", "quiet", "tree", "verify", "models", "compat", "speedups",
+              "invariant", "kv_cache", "target", "vocab", "formats", "checkpoints", "drafters", "decode", "workloads")),
+    ("vllm", ("vllm_backend",)),
+    ("train", ("train",)),
+    ("zoo", ("zoo",)),
+    ("bench", ("bench",)),
+    ("book", ("plots", "widgets", "exercises", "labs")),
+    ("cli", ("cli",)),
+]
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of `specdec_learn.<top>...`; None for the package itself and for other packages."""
+    parts = module.split(".")
+    if parts[0] != "specdec_learn" or len(parts) < 2:
+        return None
+    found = [i for i, (_, tops) in enumerate(FLOORS) if parts[1] in tops]
+    assert found, f"{module} is on no floor: add it to FLOORS and to docs/ARCHITECTURE.md"
+    return found[0]
+
+
+def test_imports_run_down_the_floors():
+    bad = []
+    for file in library_files():
+        here = floor_of(module_name(file))
+        if here is None:
+            continue
+        for module, names in imports(file):
+            there = floor_of(module)
+            if there is None and module == "specdec_learn":  # from specdec_learn import x
+                there = max((floor_of(f"specdec_learn.{n}") or 0) for n in names)
+            if there is not None and there > here:
+                bad.append(f"{file.relative_to(PACKAGE)} ({FLOORS[here][0]}) imports {module} "
+                           f"({FLOORS[there][0]})")
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("folder", sorted(FORBIDDEN))
 def test_layers_import_only_downwards(folder):
     bad = []
@@ -84,3 +127,8 @@ def test_the_rules_see_a_violation(tmp_path, monkeypatch):
         test_layers_import_only_downwards("drafters")
     with pytest.raises(AssertionError, match="_secret"):
         test_no_module_imports_private_names()
+    (fake / "vocab.py").write_text("def counted():\n    from .train.corpus import load_split\n")
+    (fake / "train").mkdir()
+    (fake / "train" / "corpus.py").write_text("")
+    with pytest.raises(AssertionError, match=r"vocab.py \(core\) imports specdec_learn.train.corpus \(train\)"):
+        test_imports_run_down_the_floors()

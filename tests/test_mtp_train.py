@@ -9,7 +9,8 @@ from conftest import tiny_target, training_ids
 import specdec_learn as sd
 from specdec_learn.drafters.mtp import MTPDrafter, load_mtp
 from specdec_learn.train import mtp as train_mtp
-from specdec_learn.train.data import capture, load_examples
+from specdec_learn.train.data import load_examples
+from specdec_learn.train.features import capture
 
 
 def write_examples(folder, n=24, period=7, length=40, vocab=128):

@@ -1,4 +1,9 @@
-"""The retraining job (train/retrain.py): each planned run exports once, a rerun skips it, status says so."""
+"""The retraining job (train/retrain.py): each planned run exports once, a rerun skips it, status says so.
+
+A run is `specdec train <method>` in a child process (`retrain.specdec`). The plan's test runs
+it in this one instead (`cli.main`: the same command, without ~10 s of imports per run);
+`test_a_run_is_the_specdec_command_in_a_child_process` checks the child itself.
+"""
 
 import json
 
@@ -9,6 +14,9 @@ from specdec_learn.train import retrain
 
 
 def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypatch, capsys):
+    from specdec_learn.cli import main as specdec
+
+    monkeypatch.setattr(retrain, "specdec", specdec)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(retrain, "PLAN", {"mtp": ["--depth", "2", "--lr", "0.01", "--steps", "3", "--eval-every", "2"],
                                           "draft_model": ["--hidden", "16", "--layers", "1", "--batch", "2",
@@ -52,6 +60,14 @@ def test_the_plan_runs_each_trainer_once_resumes_and_reports(tmp_path, monkeypat
     line, = learning_curves({"mtp": grown}).axes[0].get_lines()
     assert list(line.get_xdata()) == [p["tokens_seen"] for p in grown["held_out_curve"]]
     assert list(line.get_ydata()) == [p["acc"][0] for p in grown["held_out_curve"]]
+
+
+def test_a_run_is_the_specdec_command_in_a_child_process(tmp_path, monkeypatch, capfd):
+    """Training sits below the CLI: retrain runs `python -m specdec_learn.cli`, with this package's code."""
+    monkeypatch.chdir(tmp_path)
+    assert retrain.specdec(["train", "mtp", "--help"]) == 0
+    out = capfd.readouterr().out
+    assert "usage: specdec train mtp" in out and "--templated-share" in out
 
 
 def test_an_unknown_method_is_one_line(capsys):

@@ -212,7 +212,7 @@ while True:  # short resumed runs back to back: state writes, feature reads, eva
 def check_nothing_is_corrupt(work: Path, out: Path, data: Path, target, last_step: int) -> int:
     """Every file a kill may have hit is whole: the state, the features, the exported folder."""
     from specdec_learn.drafters.mtp import load_mtp
-    from specdec_learn.train.data import read_features
+    from specdec_learn.train.features import read_features
 
     state = load_state(work / "state.pt")  # raises on a damaged file
     step = state["step"] if state else 0

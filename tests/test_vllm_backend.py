@@ -181,8 +181,9 @@ def test_vllm_writes_the_same_training_data_as_our_loop(engine, target, tmp_path
     if engine.method != "ar":
         pytest.skip("the data pipeline generates with plain decoding")
     from specdec_learn.train import data
+    from specdec_learn.train.prompts import training_prompts
 
-    prompts = data.training_prompts()[:3]
+    prompts = training_prompts()[:3]
     data.build_dataset(None, tmp_path, prompts, max_new_tokens=24, batch_size=2, engine=engine, progress=False)
     examples = data.load_examples(tmp_path)
     assert sorted(e.id for e in examples) == sorted(p.id for p in prompts)

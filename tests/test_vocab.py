@@ -11,7 +11,8 @@ from test_verify import _first_token_histogram
 import specdec_learn as sd
 from specdec_learn.bench import bench
 from specdec_learn.sampling import Sampling, probabilities
-from specdec_learn.vocab import ReducedHead, choose_draft_vocab, corpus_vocabulary, coverage
+from specdec_learn.train.corpus import corpus_vocabulary
+from specdec_learn.vocab import ReducedHead, choose_draft_vocab, coverage
 from specdec_learn.workloads import load_workload
 from specdec_learn.zoo import REDUCIBLE, make_drafter
 

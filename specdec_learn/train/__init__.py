@@ -1,1 +1,1 @@
-"""Training learned drafters on the target's own text (see data.py, then one file per method)."""
+"""Training learned drafters on the target's own text: prompts, data (or the corpus), features, then one file a method."""

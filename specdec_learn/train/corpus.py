@@ -13,7 +13,7 @@ drafter) without regenerating a token. So the corpus is stored small:
 * keyed by the target and by everything that decides its answers, so data
   from two settings never mixes:
 
-    datasets/<target>/prompts/templated.jsonl      train-split + templated prompts (data.training_prompts, frozen)
+    datasets/<target>/prompts/templated.jsonl      train-split + templated prompts (prompts.training_prompts, frozen)
     datasets/<target>/prompts/magpie.jsonl         requests the target wrote itself (magpie.py)
     datasets/<target>/<key>/manifest.json          settings, split rule, the complete shards (+ their sha256)
     datasets/<target>/<key>/shard-00000.safetensors
@@ -36,8 +36,10 @@ the manifest alone says which shards count. A kill before the manifest's
 rename leaves at most a stray file that the next run overwrites or deletes,
 and its prompts unanswered, so the next run answers them again.
 
-The held-out split is data.split_examples' rule, by prompt id (recorded in
-the manifest); `load_split` applies it.
+The held-out split is examples.split_examples' rule, by prompt id (recorded in
+the manifest); `load_split` applies it. `corpus_vocabulary` counts a draft
+vocabulary (vocab.py) in its training split, for `specdec generate/bench
+--draft-vocab` (the zoo asks for it).
 
 The job (`python -m specdec_learn.train.corpus start`, in .venv-vllm) grows
 the prompts and the answers together: the answer to every prompt not yet
@@ -60,6 +62,7 @@ import struct
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -67,13 +70,14 @@ import safetensors.numpy
 
 from ..workloads import Prompt
 from . import job, magpie
-from .data import Example, bench_texts, check_no_benchmark_prompts, split_examples, variant_name
+from .examples import Example, split_examples, variant_name
+from .prompts import bench_texts, check_no_benchmark_prompts, training_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"
 FORMAT = 1
-EVAL_FRACTION = 0.05  # data.split_examples' default
-SPLIT_RULE = "eval <=> int(sha256('eval:' + id).hexdigest(), 16) % 10000 < eval_fraction * 10000 (data.split_examples)"
+EVAL_FRACTION = 0.05  # examples.split_examples' default
+SPLIT_RULE = "eval <=> int(sha256('eval:' + id).hexdigest(), 16) % 10000 < eval_fraction * 10000 (examples.split_examples)"
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,19 @@ def load_split(folder) -> tuple[list[Example], list[Example]]:
     return split_examples(load_corpus(folder), eval_fraction=fraction)
 
 
+@lru_cache(maxsize=8)
+def corpus_vocabulary(target_name: str, size: int, vocab_size: int, always: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The draft vocabulary of `size` tokens counted in the committed corpus's training split (datasets/)."""
+    from ..vocab import choose_draft_vocab
+
+    folder = store_dir(Settings(target=target_name))
+    train, _ = load_split(folder)
+    if not train:
+        raise ValueError(f"No corpus for {target_name} in {folder}: a draft vocabulary is counted there. "
+                         "Build it (python -m specdec_learn.train.corpus build) or drop --draft-vocab.")
+    return tuple(choose_draft_vocab(train, size, vocab_size, always).tolist())
+
+
 def done_ids(folder) -> set[str]:
     """The ids of every prompt already answered in this store."""
     return {ex.id for ex in load_corpus(folder)}
@@ -242,9 +259,7 @@ def done_ids(folder) -> set[str]:
 
 
 def freeze_templated(target: str, root=None) -> list[Prompt]:
-    """data.training_prompts(), written once to prompts/templated.jsonl, so a clone answers the same ones."""
-    from .data import training_prompts
-
+    """prompts.training_prompts(), written once to prompts/templated.jsonl, so a clone answers the same ones."""
     path = target_dir(target, root) / "prompts" / "templated.jsonl"
     if not path.exists():
         magpie.write_prompts(path, training_prompts())
@@ -409,7 +424,6 @@ def measure(args) -> int:
     what a batch size costs.
     """
     from ..sampling import GREEDY
-    from .data import training_prompts
 
     texts = [p.text for p in training_prompts()]
     print(f"{'batch':>6} {'prompts':>8} {'tokens':>8} {'seconds':>8} {'tok/s':>8} {'CPU-s':>8} {'tok/CPU-s':>10}", flush=True)

@@ -1,6 +1,6 @@
 """Training a DFlash drafter on the target's own text.
 
-One training example is one target response (data.py): its token ids, the
+One training example is one target response (examples.py): its token ids, the
 loss mask (True on response tokens) and the target's taps over it, from ONE
 target forward. From it we cut many practice rounds at once:
 
@@ -23,7 +23,7 @@ The same helpers serve DSpark (train/dspark.py), whose slots are shifted by
 one: slot k learns x_{p+k+1}.
 
 Training is data -> loss -> the shared loop (train/loop.py): the taps come
-from the same pipeline and disk cache as EAGLE-3's (`data.training_data`
+from the same pipeline and disk cache as EAGLE-3's (`features.training_data`
 with the same taps: the target runs once per example for every learned
 drafter), each step draws one example and its anchors, and the block
 drafter's checkpoint is written once, at the end, with its recipe.json.
@@ -40,8 +40,9 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dflash import DFlashModel, draft_config, save_dflash
-from .data import add_share_argument, draw_one, prompt_source, source_weights, training_data, work_dir_for
-from .loop import Budget, Run, export as export_folder, recipe, train_loop
+from .features import training_data
+from .loop import Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
+from .sources import add_share_argument, draw_one, prompt_source, source_weights
 
 # --- the blocks of one example --------------------------------------------------
 
@@ -185,7 +186,7 @@ def block_step(train_feats, num_anchors: int, example_loss, weights: torch.Tenso
     """The loop's loss for a block drafter: one random example per step, up to `num_anchors` random anchors in it.
 
     example_loss(features, anchors) -> (loss, {"acc": [B], ...}).
-    weights: [N] sampling weights of the examples (data.source_weights); None draws them uniformly.
+    weights: [N] sampling weights of the examples (sources.source_weights); None draws them uniformly.
     """
     def loss(step, generator):
         if weights is None:
@@ -210,7 +211,7 @@ def evaluate(example_loss, feats, block_size: int, seed: int = 0, sources: list[
              num_anchors: int = EVAL_ANCHORS) -> dict:
     """Mean per-slot top-1 accuracy over held-out examples (fixed anchors) -> {"acc": [B], "acc_<source>": [B]}.
 
-    sources: each example's prompt source (data.prompt_source); the mean over
+    sources: each example's prompt source (sources.prompt_source); the mean over
     each source's examples is reported beside the overall one, because held-out
     accuracy over a mixed corpus says little about the text a drafter is served.
     EVAL_ANCHORS, not the training --anchors: with 64 anchors one evaluation of
@@ -241,7 +242,7 @@ def train(target, layers: int = 1, block_size: int = 16, steps: int = 3000, lr: 
     """Train (or resume) a DFlash drafter on the target's answers. -> (model, Run).
 
     loss_slots: train slots 1..loss_slots only (default: the whole block).
-    templated_share: the fraction of steps that read a templated example (data.source_weights; default: uniform).
+    templated_share: the fraction of steps that read a templated example (sources.source_weights; default: uniform).
     """
     taps = shared_taps(target)
     data = training_data(target, taps, data_dir=data_dir, progress=progress)
@@ -300,11 +301,3 @@ def cli(args, command: str) -> Path:
                        data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every,
                        templated_share=args.templated_share)
     return export(model, target, args.out or shipped_folder("dflash", target.name), run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.dflash ... is specdec train dflash ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "dflash", *sys.argv[1:]]))

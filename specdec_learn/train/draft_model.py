@@ -42,9 +42,10 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..checkpoints import shipped_folder, write_draft_delta
-from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
-from .loop import RECIPE, Budget, Run, export as export_folder, recipe, train_loop
+from .features import training_data
+from .loop import RECIPE, Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
 from .projected import ProjectedTable, principal_directions
+from .sources import add_share_argument, prompt_source, source_weights
 
 
 def student_config(target_config, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
@@ -124,7 +125,7 @@ def train(target, steps: int = 1500, batch: int = 8, lr: float = 2e-3, budget_mi
           eval_every: int | None = None, templated_share: float | None = None, **shape) -> tuple[Student, Run]:
     """A narrow student (`student_config(**shape)`) distilled on the target's answers; resumes. -> (Student, Run).
 
-    templated_share: the fraction of examples drawn from templated prompts (data.source_weights), drawn
+    templated_share: the fraction of examples drawn from templated prompts (sources.source_weights), drawn
     with replacement; default: every example once per epoch, in a shuffled order.
     """
     data = training_data(target, data_dir=data_dir, states=False)  # the tokens alone: no target forward
@@ -190,11 +191,3 @@ def cli(args, command: str) -> Path:
                          layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every,
                          templated_share=args.templated_share)
     return export(student, target, args.out or shipped_folder("draft_model", target.name), run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.draft_model ... is specdec train draft_model ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "draft_model", *sys.argv[1:]]))

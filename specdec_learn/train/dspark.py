@@ -35,7 +35,6 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.dspark import DSparkModel, dspark_config, load_dspark, save_dspark
-from .data import add_share_argument, prompt_source, source_weights, training_data, work_dir_for
 from .dflash import (
     block_hidden,
     block_labels,
@@ -47,7 +46,9 @@ from .dflash import (
     shared_taps,
     slot_accuracy,
 )
-from .loop import Budget, Run, export as export_folder, recipe, train_loop, warm_start
+from .features import training_data
+from .loop import Budget, Run, export as export_folder, recipe, train_loop, warm_start, work_dir_for
+from .sources import add_share_argument, prompt_source, source_weights
 
 
 def dspark_loss(model: DSparkModel, embed, lm_head, taps, last, input_ids, loss_mask, anchors,
@@ -95,7 +96,7 @@ def train(target, layers: int = 1, block_size: int = 7, markov_rank: int = 32, s
           init_from=None) -> tuple[DSparkModel, Run]:
     """Train (or resume) a DSpark drafter on the target's answers. -> (model, Run).
 
-    templated_share: the fraction of steps that read a templated example (data.source_weights; default: uniform).
+    templated_share: the fraction of steps that read a templated example (sources.source_weights; default: uniform).
     init_from: a DSpark checkpoint folder of the same shape to start from (loop.warm_start) instead of the
     target's last layer; `init` is then unused.
     """
@@ -174,11 +175,3 @@ def cli(args, command: str) -> Path:
                        progress=not args.no_progress, eval_every=args.eval_every,
                        templated_share=args.templated_share, init_from=args.init_from)
     return export(model, target, out, run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.dspark ... is specdec train dspark ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "dspark", *sys.argv[1:]]))

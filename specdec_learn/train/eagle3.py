@@ -34,8 +34,10 @@ from ..checkpoints import shipped_folder
 from ..drafters.eagle3 import Eagle3Model, default_taps, new_eagle3, save_eagle3
 from ..limits import cpu_has_bf16
 from ..vocab import choose_draft_vocab  # the draft vocabulary (vocab.py); chapter 11 calls it from here
-from .data import Example, Features, add_share_argument, draw_one, lengths, source_weights, training_data, work_dir_for
-from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop
+from .examples import Example
+from .features import Features, lengths, training_data
+from .loop import Budget, Run, export as export_folder, read_saved, recipe, save_state, train_loop, work_dir_for
+from .sources import add_share_argument, draw_one, source_weights
 
 
 @dataclass
@@ -169,10 +171,10 @@ def batches(features, cfg: TrainConfig, weights: torch.Tensor | None = None):
     """step, generator -> its packed batch of about `cfg.tokens_per_batch` rows.
 
     weights None: epoch after epoch, each shuffled by seed + epoch (so any
-    step can be found again). weights [N] (data.source_weights): examples
+    step can be found again). weights [N] (sources.source_weights): examples
     drawn by weight with the step's own generator until the next would not
     fit, so each prompt source gets its share of the draws. Batches are kept
-    as indices, so on-demand features (data.OnDemand) are computed only for
+    as indices, so on-demand features (features.OnDemand) are computed only for
     the batch a step reads.
     """
     sizes = lengths(features)
@@ -206,7 +208,7 @@ def fit(target, model: Eagle3Model, train_feats, eval_feats, cfg: TrainConfig, w
         config: dict | None = None, progress: bool = True, log=print, weights: torch.Tensor | None = None) -> Run:
     """AdamW on the TTT loss through the shared loop, resuming from work_dir; the target's embedding stays frozen.
 
-    weights: [N] sampling weights of the training examples (data.source_weights); None reads them in shuffled epochs.
+    weights: [N] sampling weights of the training examples (sources.source_weights); None reads them in shuffled epochs.
     """
     torch.manual_seed(cfg.seed)
     embed = target.embed_tokens
@@ -276,7 +278,7 @@ def train(target, cfg: TrainConfig | None = None, draft_vocab: int = 4096, data_
           progress: bool = True, log=print, templated_share: float | None = None) -> tuple[Eagle3Model, Run]:
     """Data -> draft vocabulary -> captured taps -> TTT training (resumable). -> (model, Run).
 
-    templated_share: the fraction of the examples read that answer a templated prompt (data.source_weights).
+    templated_share: the fraction of the examples read that answer a templated prompt (sources.source_weights).
     """
     cfg = cfg or TrainConfig()
     work_dir = work_dir_for(target.name, "eagle3", work_dir)
@@ -329,11 +331,3 @@ def cli(args, command: str) -> Path:
     model, run = train(target, cfg, args.draft_vocab, args.data_dir, args.work_dir, progress=not args.no_progress,
                        templated_share=args.templated_share)
     return export(model, target, args.out or shipped_folder("eagle3", target.name), run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.eagle3 ... is specdec train eagle3 ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "eagle3", *sys.argv[1:]]))

@@ -44,9 +44,10 @@ import torch.nn.functional as F
 from ..checkpoints import shipped_folder, strip_table
 from ..drafters.gemma4_mtp import random_assistant, shared_kv_layers
 from ..tree import additive
-from .data import add_share_argument, example_picker, source_weights, training_data, work_dir_for
-from .loop import Budget, Run, export as export_folder, recipe, train_loop
+from .features import training_data
+from .loop import Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
 from .projected import ProjectedTable
+from .sources import add_share_argument, example_picker, source_weights
 
 
 class Student(torch.nn.Module):
@@ -156,7 +157,7 @@ def train(target, steps: int = 1200, depth: int = 3, beta: float = 0.6, lr: floa
 
     -> (Student, Run); the student's assistant holds the table E·P in its tied
     embedding, and student.table.proj is P, what the checkpoint ships.
-    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
+    templated_share: the fraction of steps that read a templated example (sources.source_weights; default: each
     example once per epoch, in a seeded order).
     """
     data = training_data(target, kv_layer=kv_layer(target), data_dir=data_dir, progress=progress)
@@ -230,11 +231,3 @@ def cli(args, command: str) -> Path:
                          progress=not args.no_progress, eval_every=args.eval_every,
                          templated_share=args.templated_share)
     return export(student, target, args.out or shipped_folder("gemma4_mtp", target.name), run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.gemma4_mtp ... is specdec train gemma4_mtp ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "gemma4_mtp", *sys.argv[1:]]))

@@ -14,7 +14,8 @@ loss is the same, so it is written once:
 * **Warm-up, then a cosine** (`warmup_cosine`). The rate is a function of the
   step alone, so a resumed run continues on the same curve.
 * **A resumable state** in the work dir (``state.pt``: weights, optimiser,
-  step, history). It is written to a temporary name and renamed, so a kill at
+  step, history; the work dir is $SPECDEC_CACHE/train/<checkpoint name>/
+  unless given, `work_dir_for`, never the shipped folder). It is written to a temporary name and renamed, so a kill at
   any moment leaves the previous state or the new one, never half of one; it
   is read with ``weights_only=True``, so a crafted file cannot run code. Every
   step's randomness comes from a generator seeded by (seed, step), so a run
@@ -53,6 +54,22 @@ from ..formats.io import load_strict, partial_dir, replace_dir, safetensors_file
 
 STATE = "state.pt"  # in the work dir: everything a resumed run needs
 RECIPE = "recipe.json"  # beside the weights: how they were made
+
+
+def work_dir_for(target_name: str, method: str, work_dir=None) -> Path:
+    """Where a trainer keeps its resumable state, unless given: $SPECDEC_CACHE/train/<its checkpoint's name>/.
+
+    The folder is named after the checkpoint the run makes
+    (`checkpoints.shipped_folder`: train/eagle3-smollm2-135m/,
+    train/draft-smollm2-135m/, ...), outside the shipped folder, so an
+    export never carries training state and a package install never sees it.
+    """
+    from ..checkpoints import shipped_folder
+    from ..models import cache_dir
+
+    work_dir = Path(work_dir or cache_dir() / "train" / shipped_folder(method, target_name).name)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return work_dir
 
 
 @dataclass
@@ -168,7 +185,7 @@ class Run:
     held_out: dict | None = None  # the last evaluation
     resumed_from: int = 0  # the step this call started at (0: a fresh run)
     config: dict = field(default_factory=dict)  # the method's and the loop's settings
-    data: dict = field(default_factory=dict)  # what it trained on (data.training_data's record)
+    data: dict = field(default_factory=dict)  # what it trained on (features.training_data's record)
 
 
 def train_loop(module: torch.nn.Module, loss_fn: Callable, budget: Budget, work_dir, *, lr: float,

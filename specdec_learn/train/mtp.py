@@ -37,8 +37,9 @@ import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
 from ..drafters.mtp import MTPHead, causal_mask, rotary, save_mtp
-from .data import add_share_argument, example_picker, source_weights, training_data, work_dir_for
-from .loop import Budget, Run, export as export_folder, recipe, train_loop
+from .features import training_data
+from .loop import Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
+from .sources import add_share_argument, example_picker, source_weights
 
 
 def graft_head(target) -> MTPHead:
@@ -112,7 +113,7 @@ def train(target, steps: int = 2000, depth: int = 3, beta: float = 0.6, lr: floa
           templated_share: float | None = None) -> tuple[MTPHead, Run]:
     """Graft, then train the head on the target's answers; resumes from the work dir. -> (head, Run).
 
-    templated_share: the fraction of steps that read a templated example (data.source_weights; default: each
+    templated_share: the fraction of steps that read a templated example (sources.source_weights; default: each
     example once per epoch, in a seeded order).
     """
     data = training_data(target, data_dir=data_dir, progress=progress)  # h = features.last, post-norm
@@ -168,11 +169,3 @@ def cli(args, command: str) -> Path:
                       work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress,
                       eval_every=args.eval_every, templated_share=args.templated_share)
     return export(head, target, args.out or shipped_folder("mtp", target.name), run, command)
-
-
-if __name__ == "__main__":  # python -m specdec_learn.train.mtp ... is specdec train mtp ...
-    import sys
-
-    from ..cli import main
-
-    raise SystemExit(main(["train", "mtp", *sys.argv[1:]]))

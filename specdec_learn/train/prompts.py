@@ -1,9 +1,9 @@
-"""Templated training prompts: many varied questions, none of them a benchmark prompt.
+"""Training prompts: the workloads' train split and many templated questions, never a benchmark prompt.
 
 A learned drafter must see far more text than the ~215 train-split prompts of
 the three workloads give (a pilot on 436 responses overfit: held-out step-0
 accuracy 0.38 against 0.70 on its training data). The target writes the
-answers itself (see data.py); here we only need *questions*, in the same three
+answers itself (data.py, corpus.py); here we only need *questions*, in the same three
 styles the benchmarks ask, but never the benchmark questions themselves:
 
 ``gen-code``  HumanEval-style stubs (the same instruction and code fence as
@@ -14,15 +14,23 @@ styles the benchmarks ask, but never the benchmark questions themselves:
               filled from topic lists.
 
 Everything is drawn from a seeded random generator, so the same call gives the
-same prompts on every machine. `data.training_prompts` mixes these with the
+same prompts on every machine. `training_prompts` mixes these with the
 train split and drops anything that belongs to the bench split.
+
+Held-out prompts stay held out, and the rule lives here, beside the prompts:
+a prompt is refused when its id is in the benchmark split
+(`workloads.is_benchmark_prompt`) or its text is a benchmark prompt's text
+(`bench_texts`), even under another id. `check_no_benchmark_prompts` guards
+every writer of answers (data.build_dataset, the corpus job);
+`check_no_benchmark_prompts_by_id` guards data already on disk, whose
+examples carry only the id of their prompt (features.training_data).
 """
 
 from __future__ import annotations
 
 import random
 
-from ..workloads import HUMANEVAL_INSTRUCTION, Prompt
+from ..workloads import HUMANEVAL_INSTRUCTION, WORKLOADS, Prompt, is_benchmark_prompt, load_workload
 
 # --- code --------------------------------------------------------------------
 # (function name, signature, what it does, one doctest "call -> result")
@@ -262,3 +270,45 @@ def generated_prompts(seed: int = 0, num_math: int = 400) -> list[Prompt]:
     for i in range(max(len(g) for g in groups)):
         mixed += [g[i] for g in groups if i < len(g)]
     return mixed
+
+
+# --- the training prompts, and the guard that keeps benchmark prompts out ----------------------
+
+
+def bench_texts() -> set[str]:
+    """The text of every benchmark-split prompt (to refuse them even under another id)."""
+    return {p.text for name in WORKLOADS for p in load_workload(name, split="bench")}
+
+
+def training_prompts(generated: bool = True, seed: int = 0, num_math: int = 400) -> list[Prompt]:
+    """Train-split prompts of the three workloads and (optionally) templated ones, in a seeded mixed order.
+
+    Never a benchmark prompt: any id in the bench split and any text equal to a
+    bench prompt's text is dropped (generated ids are hashed like any other).
+    """
+    prompts = [p for name in WORKLOADS for p in load_workload(name, split="train")]
+    if generated:
+        prompts += generated_prompts(seed=seed, num_math=num_math)
+    held_out = bench_texts()
+    prompts = [p for p in prompts if not is_benchmark_prompt(p.id) and p.text not in held_out]
+    random.Random(seed).shuffle(prompts)  # mixed kinds, so any prefix (a stopped run) covers all of them
+    return prompts
+
+
+def check_no_benchmark_prompts(prompts: list[Prompt]) -> None:
+    """Refuse prompts from the benchmark split: a drafter must not learn the test."""
+    held_out = bench_texts()
+    leaked = [p.id for p in prompts if is_benchmark_prompt(p.id) or p.text in held_out]
+    if leaked:
+        raise ValueError(
+            f"{len(leaked)} prompt(s) belong to the benchmark split (e.g. {leaked[0]!r}); "
+            "training data must come from training_prompts() or split='train' only."
+        )
+
+
+def check_no_benchmark_prompts_by_id(ids) -> None:
+    """The same guard for data already on disk (examples carry the id of their prompt)."""
+    leaked = [i for i in ids if is_benchmark_prompt(i)]
+    if leaked:
+        raise ValueError(f"{len(leaked)} training example(s) come from benchmark prompts (e.g. {leaked[0]!r}): "
+                         "delete that dataset and rebuild it from training_prompts().")

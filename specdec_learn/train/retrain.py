@@ -7,7 +7,10 @@
 
 Each run is `specdec train <method>` with the flags in PLAN: the committed
 corpus (data.default_dir), a step budget, a held-out evaluation every few
-hundred steps (the learning curve recipe.json keeps). A step budget, never
+hundred steps (the learning curve recipe.json keeps). It runs in a process
+of its own (`python -m specdec_learn.cli`, what the `specdec` command runs):
+training sits a floor below the CLI, so it runs the command rather than
+importing it, and each run starts with a fresh process's memory. A step budget, never
 minutes: a job paused with SIGSTOP keeps the wall clock running, so a time
 budget would be spent asleep. A run's state lives in
 $SPECDEC_CACHE/retrain/work/<checkpoint>-<hash of data and flags>/ and its
@@ -26,7 +29,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,8 +85,9 @@ def root() -> Path:
 
 
 def data_hash(target: str, data_dir) -> str:
-    """The hash recipe.json records of exactly which examples a run reads (data.fingerprint)."""
-    from .data import fingerprint, training_split
+    """The hash recipe.json records of exactly which examples a run reads (examples.fingerprint)."""
+    from .data import training_split
+    from .examples import fingerprint
 
     return fingerprint(*training_split(target, data_dir), data_dir)["sha256"]
 
@@ -125,14 +131,30 @@ def command(method: str, target: str, threads: int, data_dir: str, data: str, de
             "--out", str(out), "--threads", str(threads), "--device", device]
 
 
+def specdec(argv: list[str]) -> int:
+    """Run `specdec <argv>` (one training run) in a child process with this package's code; -> its exit code.
+
+    The child imports the package from where this one was imported (in a job,
+    its snapshot of the code) and shares the job's process group, so pausing
+    the job pauses it too. Ctrl-C reaches it as well: the run saves its state
+    and stops, and we wait for that rather than kill it mid-write.
+    """
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=package_root + (os.pathsep + path if path else ""))
+    process = subprocess.Popen([sys.executable, "-m", "specdec_learn.cli", *argv], env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        return process.wait()
+
+
 def log(line: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} retrain: {line}", flush=True)  # the job's stdout is its log
 
 
 def run(args) -> int:
     """Every run of PLAN (or of --methods) in turn; a finished one is skipped, a started one resumes."""
-    from ..cli import main as specdec
-
     lock = job.hold_lock("retrain")  # held until this process ends
     if lock is None:
         log("another retrain holds the lock (see `status`); not starting a second one")
