@@ -127,6 +127,14 @@ hf-compare: $(VENV)/.installed
 verify-cost: $(VENV)/.installed
 	$(PY) benchmarks/verify_cost.py
 
+# The GPU profile (benchmarks/gpu_profile.py, docs/GPU.md): the published pairs' shapes with random weights on a
+# CUDA or ROCm GPU inside 8 minutes, every drafter lossless there, the cost model's predictions; one JSON in
+# benchmarks/results/. Without a GPU, the tiny version (what tests/test_gpu_profile.py runs). It installs nothing:
+# the venv's python where there is one, else $(PYTHON) (a GPU machine's own torch and transformers >= 5.19).
+.PHONY: gpu-profile
+gpu-profile:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -u benchmarks/gpu_profile.py $(GPU_PROFILE_ARGS)
+
 # The newest releases a new user gets: the newest torch pip resolves today (the CPU build from PyTorch's
 # CPU index where that is reachable; where it is not, as on CI's machines, PyPI's default build, which runs
 # on a CPU too), then everything else as `pip install -e ".[test,notebooks]"` resolves it into a venv that
