@@ -125,3 +125,24 @@ class Drafter:
 
     def forget(self) -> None:
         """Drop what was learned from earlier requests (only suffix decoding keeps anything across them)."""
+
+
+# --- two pieces of attention the drafters' own networks share (EAGLE-3's layer, DFlash's block) ---
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (HF's rotate-half convention). x [heads, n, d], cos/sin [n, d]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention of q [heads, n, d] over k, v [kv_heads, m, d] -> [n, heads * d].
+
+    mask [n, m] (True = may attend; None = all). Each K/V head serves
+    heads // kv_heads query heads, so it is repeated for them.
+    """
+    groups = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)  # [heads, m, d]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, n, d]
+    return out.transpose(0, 1).reshape(q.shape[1], -1)

@@ -62,14 +62,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from ..formats.io import full_attention_rope, load_strict
 from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from ..tree import best_first, top_candidates
 from ..vocab import ReducedHead
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, grouped_attention, rotate
 
 SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
 
@@ -79,9 +79,7 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
     return build_target_layer_ids(num_target_layers, num_taps)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [heads, n, d] by the angles of its n positions (cos, sin [n, d])."""
-    return x * cos + rotate_half(x) * sin
+# -- the network -----------------------------------------------------------------------
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor | None:
@@ -121,20 +119,17 @@ class BlockAttention(nn.Module):
         n = x.shape[0]
         k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)).transpose(0, 1)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        return apply_rope(k, cos, sin), v
+        return rotate(k, cos, sin), v
 
     def forward(self, x, cos, sin, ctx_kv, mask) -> torch.Tensor:
         """x [n, H] (the block rows), ctx_kv = (K, V) [kv_heads, T, d] -> [n, H]."""
         n = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)  # [heads, n, d]
-        q = apply_rope(q, cos, sin)
+        q = rotate(q, cos, sin)
         k, v = self.keys_values(x, cos, sin)  # [kv_heads, n, d]
         k = torch.cat([ctx_kv[0], k], dim=1)  # [kv_heads, T + n, d]
         v = torch.cat([ctx_kv[1], v], dim=1)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)  # [heads, T + n, d]
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, n, d]
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+        return self.o_proj(grouped_attention(q, k, v, mask))  # [n, H]
 
 
 class BlockLayer(nn.Module):
@@ -225,6 +220,14 @@ def draft_config(target, num_layers: int = 1, block_size: int = 16, num_taps: in
     return cfg
 
 
+# -- the drafter -----------------------------------------------------------------------
+
+
+def slot_probabilities(logits: torch.Tensor, sampling) -> torch.Tensor:
+    """A tree's candidates are ranked by the drafter's distribution (temperature 1 when greedy)."""
+    return logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)
+
+
 class DFlashDrafter(Drafter):
     """Plugs a DFlashModel into the loop: one forward per round, up to B - 1 drafts."""
 
@@ -238,7 +241,7 @@ class DFlashDrafter(Drafter):
         self.taps = tuple(i + 1 for i in model.config.target_layer_ids)  # output of layer i = tap i + 1
         self.target = None
         self.draft_ids: list[int] | None = None  # a draft vocabulary (vocab.py); None = all V tokens
-        self.head = None  # the head `logits` uses, built on first use
+        self.heads: dict[str, nn.Module] = {}  # heads built on first use, for this target and draft vocabulary
 
     @classmethod
     def build(cls, target, draft, options) -> DFlashDrafter:
@@ -266,14 +269,14 @@ class DFlashDrafter(Drafter):
         return self.target.lm_head
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.head is None:  # first use with this target or vocabulary
+        if "lm_head" not in self.heads:  # first use with this target or vocabulary
             full = self.full_head()
-            self.head = full if self.draft_ids is None else ReducedHead(full, self.draft_ids)
-        return self.head(hidden)  # [.., V]
+            self.heads["lm_head"] = full if self.draft_ids is None else ReducedHead(full, self.draft_ids)
+        return self.heads["lm_head"](hidden)  # [.., V]
 
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the same drafts whenever the argmax is among them."""
-        self.draft_ids, self.head = sorted(ids), None
+        self.draft_ids, self.heads = sorted(ids), {}
 
     # -- the three verbs ------------------------------------------------------
     def start(self, target, state, hidden) -> None:
@@ -285,8 +288,8 @@ class DFlashDrafter(Drafter):
             )
         self._check_taps(target)
         self.model.to(device=target.device, dtype=target.dtype)
-        if target is not self.target:
-            self.target, self.head = target, None  # `logits` builds the head anew
+        if target is not self.target:  # the heads are built anew, from this target, on its device
+            self.target, self.heads = target, {}
         empty = torch.empty(self.model.config.num_key_value_heads, 0, self.model.config.head_dim,
                             device=target.device, dtype=target.dtype)
         self.ctx_kv = [(empty, empty) for _ in self.model.layers]  # per layer: K, V [kv_heads, T, d]
@@ -352,11 +355,6 @@ class DFlashDrafter(Drafter):
         # Rows of [last, d1..dn]: newly committed context. Append, do not replace: a
         # round with no drafts (the budget's last token) skips propose and its catch-up.
         self.pending = torch.cat([self.pending, self._cat(hidden)])
-
-
-def slot_probabilities(logits: torch.Tensor, sampling) -> torch.Tensor:
-    """A tree's candidates are ranked by the drafter's distribution (temperature 1 when greedy)."""
-    return logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)
 
 
 # -- load and save (the z-lab format itself: formats/zlab.py) ---------------------------

@@ -64,6 +64,9 @@ from .base import Proposal
 from .dflash import DFlashDrafter, DFlashModel, draft_config, slot_probabilities
 
 
+# -- the network -----------------------------------------------------------------------
+
+
 class MarkovHead(nn.Module):
     """bias(prev) = W2 · W1[prev]: a rank-r bigram table over the target vocabulary."""
 
@@ -93,6 +96,13 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)
 
 
+def biased(row: torch.Tensor, prev: int, markov: nn.Module | None) -> torch.Tensor:
+    """A slot's logits [V] after the token `prev`: base + W2·W1[prev] (no Markov head: base alone)."""
+    if markov is None:
+        return row
+    return row + markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+
+
 def markov_draft(base_logits: torch.Tensor, anchor: int, markov: nn.Module | None, pick):
     """Left to right over the block: slot j's logits = base_j + W2·W1[prev_j].
 
@@ -102,9 +112,7 @@ def markov_draft(base_logits: torch.Tensor, anchor: int, markov: nn.Module | Non
     tokens, rows, prevs = [], [], []
     prev = anchor
     for j in range(base_logits.shape[0]):
-        row = base_logits[j]
-        if markov is not None:
-            row = row + markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+        row = biased(base_logits[j], prev, markov)
         prevs.append(prev)
         prev = pick(row)
         tokens.append(prev)
@@ -161,6 +169,9 @@ def dspark_config(target, num_layers=1, block_size=7, markov_rank=32, confidence
     return cfg
 
 
+# -- the drafter -----------------------------------------------------------------------
+
+
 class DSparkDrafter(DFlashDrafter):
     """Up to B drafts a round: Markov-biased left-to-right picks, cut by the survival gate.
 
@@ -181,7 +192,6 @@ class DSparkDrafter(DFlashDrafter):
             if not 0.0 < gate <= 1.0:
                 raise ValueError(f"gate is a survival threshold in (0, 1], got {gate}.")
         self.markov = model.markov_head if markov else None
-        self.markov_cut = None  # the Markov head over the draft vocabulary, once there is one (markov_bias)
         self.gate = gate
 
     @classmethod
@@ -212,16 +222,6 @@ class DSparkDrafter(DFlashDrafter):
         own = self.model.lm_head  # DeepSpec's checkpoints carry a copy of the target's
         return own if own is not None else self.target.lm_head
 
-    def start(self, target, state, hidden) -> None:
-        new_target = target is not self.target
-        super().start(target, state, hidden)  # moves the model to the target's device and dtype
-        if new_target:
-            self.markov_cut = None  # as DFlash's cut head: markov_bias builds it anew, on that device
-
-    def reduce_vocabulary(self, ids) -> None:
-        super().reduce_vocabulary(ids)
-        self.markov_cut = None
-
     def markov_bias(self) -> nn.Module | None:
         """The Markov head drafting uses: cut to the draft vocabulary when there is one (None: no bias).
 
@@ -233,9 +233,10 @@ class DSparkDrafter(DFlashDrafter):
         """
         if self.markov is None or self.draft_ids is None:
             return self.markov
-        if self.markov_cut is None:  # ids -> W1 rows [.., r] -> biases [.., V]
-            self.markov_cut = nn.Sequential(self.markov.markov_w1, ReducedHead(self.markov.markov_w2, self.draft_ids))
-        return self.markov_cut
+        if "markov" not in self.heads:  # built, and dropped, with DFlash's head (self.heads)
+            w1, w2 = self.markov.markov_w1, self.markov.markov_w2
+            self.heads["markov"] = nn.Sequential(w1, ReducedHead(w2, self.draft_ids))  # ids -> [.., r] -> [.., V]
+        return self.heads["markov"]
 
     @torch.inference_mode()
     def propose(self, state, k, sampling, generator) -> Proposal:
@@ -254,7 +255,6 @@ class DSparkDrafter(DFlashDrafter):
         q = torch.stack(qs[: len(tokens)]) if qs and tokens else None
         return Proposal(tokens, q)
 
-
     def propose_tree(self, state, tree, sampling, generator) -> Proposal:
         """A tree from each slot's candidates; with the Markov head, a node's children see its token.
 
@@ -269,10 +269,7 @@ class DSparkDrafter(DFlashDrafter):
 
         @torch.inference_mode()
         def expand(path):
-            row = base[len(path)]  # [V]
-            if markov is not None:
-                prev = path[-1] if path else anchor
-                row = row + markov(torch.tensor(prev, device=row.device)).to(row.dtype)
+            row = biased(base[len(path)], path[-1] if path else anchor, markov)  # [V]
             return top_candidates(slot_probabilities(row[None], sampling)[0], tree.branch)
 
         tokens, parents, _ = best_first(expand, tree)
@@ -285,8 +282,7 @@ class DSparkDrafter(DFlashDrafter):
 def load_dspark(path, dtype=None) -> DSparkModel:
     """A DeepSpec (`Qwen3DSparkModel`) or speculators (`dspark`) checkpoint directory -> DSparkModel.
 
-    A speculators checkpoint saved by speculators itself carries the verifier's ``embed_tokens`` /
-    ``lm_head``; they are used (they are the target's, copied). Ours carries neither.
+    The embedding and LM head are the model's own when the folder carries them (see the module docstring).
     """
     d = read_config(path, "a DSpark checkpoint")
     if speculators.is_dspark(d):

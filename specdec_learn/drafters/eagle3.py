@@ -36,9 +36,9 @@ method reads it; its names and config keys: formats/speculators.py).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # the same norm as the draft layer's
 
@@ -46,7 +46,7 @@ from ..formats.io import load_strict
 from ..formats.speculators import Eagle3Config, eagle3_config_for, eagle3_layer_attention, read_eagle3, write_eagle3
 from ..sampling import probabilities, sample
 from ..tree import ancestor_mask, dynamic_tree
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, grouped_attention, rotate
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -57,10 +57,15 @@ def default_taps(num_layers: int) -> tuple[int, int, int]:
 # --- the network ----------------------------------------------------------------
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (HF's rotate-half convention). x [heads, n, d], cos/sin [n, d]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+def rotary_embedding(layer_config: dict):
+    """transformers' rotary embedding for the layer type: inv_freq AND the factor YaRN & co. put on cos/sin."""
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    kwargs = {k: v for k, v in layer_config.items() if k != "model_type"}
+    hf = AutoConfig.for_model(layer_config["model_type"], **kwargs)
+    return (Qwen3RotaryEmbedding if layer_config["model_type"] == "qwen3" else LlamaRotaryEmbedding)(hf)
 
 
 class Eagle3Layer(nn.Module):
@@ -107,10 +112,7 @@ class Eagle3Layer(nn.Module):
 
     def attend(self, q, k_all, v_all, mask):
         """Attention of q [heads, n, d] over k_all/v_all [kv_heads, m, d] under mask [n, m] -> [n, H]."""
-        groups = self.num_heads // self.num_kv_heads
-        k_all, v_all = k_all.repeat_interleave(groups, 0), v_all.repeat_interleave(groups, 0)  # [heads, m, d]
-        a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)  # [heads, n, d]
-        return self.self_attn.o_proj(a.transpose(0, 1).reshape(q.shape[1], -1))
+        return self.self_attn.o_proj(grouped_attention(q, k_all, v_all, mask))
 
     def finish(self, hidden, attn_out):
         """Residual (the fused state, or its norm) + attention output, then the MLP block."""
@@ -134,15 +136,16 @@ class Eagle3Model(nn.Module):
             self.fc_norm = nn.ModuleList(RMSNorm(cfg.tap_size, eps) for _ in cfg.aux_layer_ids)
         self.fc = nn.Linear(cfg.fc_in, H, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(cfg)])
-        self.norm = RMSNorm(H, c.get("rms_norm_eps", 1e-6))
+        self.norm = RMSNorm(H, eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.t2d[: cfg.draft_vocab_size] = True  # identity mapping until a real one is loaded
         self.embed_tokens: nn.Embedding | None = None  # only when the checkpoint has its own
-        self.__dict__["shared_embedding"] = None  # else the target's, kept OUT of this module's
-        # parameters, so that model.float() / model.to() never touch the target
-        self.__dict__["rotary"] = rotary_embedding(c)  # kept out of .to(dtype): the angles stay fp32
+        # Used here, not owned: a module in a plain namespace is no submodule, so the target's embedding
+        # (`borrow_embedding`) is never saved, moved or counted with this model, and `.to(bf16)` leaves the
+        # RoPE angles fp32.
+        self.unowned = SimpleNamespace(embedding=None, rotary=rotary_embedding(c))
 
     def set_vocab(self, draft_ids: torch.Tensor) -> None:
         """Use the target ids `draft_ids` (sorted, V_d of them) as the draft vocabulary."""
@@ -157,16 +160,21 @@ class Eagle3Model(nn.Module):
     def draft_to_target(self) -> torch.Tensor:  # [V_d] target id of each draft id
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def borrow_embedding(self, target) -> None:
+        """Look tokens up in the target's embedding, unless the checkpoint brought its own."""
+        if self.embed_tokens is None:
+            self.unowned.embedding = target.embed_tokens
+
     def rope(self, positions: torch.Tensor):
         """cos, sin [n, d] for integer positions [n] (attention factor applied, as transformers does)."""
         like = self.fc.weight.new_empty(0)
-        cos, sin = self.__dict__["rotary"](like, positions[None])  # [1, n, d] each
+        cos, sin = self.unowned.rotary(like, positions[None])  # [1, n, d] each
         return cos[0], sin[0]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        table = self.embed_tokens if self.embed_tokens is not None else self.__dict__["shared_embedding"]
+        table = self.embed_tokens if self.embed_tokens is not None else self.unowned.embedding
         if table is None:
-            raise ValueError("This drafter has no embed_tokens of its own: call share_embedding(model, target) first.")
+            raise ValueError("This drafter has no embed_tokens of its own: call model.borrow_embedding(target) first.")
         return table(ids)
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
@@ -187,15 +195,16 @@ class Eagle3Model(nn.Module):
         return self.norm(x) if self.config.norm_output else x
 
 
-def rotary_embedding(layer_config: dict):
-    """transformers' rotary embedding for the layer type: inv_freq AND the factor YaRN & co. put on cos/sin."""
-    from transformers import AutoConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-    kwargs = {k: v for k, v in layer_config.items() if k != "model_type"}
-    hf = AutoConfig.for_model(layer_config["model_type"], **kwargs)
-    return (Qwen3RotaryEmbedding if layer_config["model_type"] == "qwen3" else LlamaRotaryEmbedding)(hf)
+def new_eagle3(target, draft_ids=None, taps=None, intermediate_size: int | None = None, seed: int = 0) -> Eagle3Model:
+    """A fresh (random) drafter shaped for `target`, its draft layer a copy of the target's layer shape."""
+    n_draft = target.vocab_size if draft_ids is None else len(draft_ids)
+    cfg = eagle3_config_for(target, n_draft, tuple(taps or default_taps(target.num_layers)), intermediate_size)
+    torch.manual_seed(seed)
+    model = Eagle3Model(cfg)
+    if draft_ids is not None:
+        model.set_vocab(torch.as_tensor(draft_ids))
+    model.borrow_embedding(target)
+    return model.to(device=target.device)
 
 
 # --- the drafter ----------------------------------------------------------------------
@@ -223,14 +232,16 @@ class Eagle3Drafter(Drafter):
     """Plugs an Eagle3Model into the loop (see base.py): reads taps, drafts k tokens step by step."""
 
     name = "eagle3"
+    can_branch = True
 
     def __init__(self, model: Eagle3Model, target=None):
         self.model = model.eval()
         self.taps = tuple(model.config.aux_layer_ids)
-        self.cache = KVCache()
+        self.cache = KVCache()  # the drafter's own K/V: row i = position i, as far as the chain goes
+        self.num_real = 0  # cached positions computed from real target states (the rest are this round's drafts)
+        self.pending: list[torch.Tensor] = []  # per tap [m, H_t]: committed target rows not run yet
         if target is not None:
-            check_compatible(model.config, target)
-            share_embedding(model, target)
+            self._attach(target)
 
     @classmethod
     def build(cls, target, draft, options) -> Eagle3Drafter:
@@ -239,27 +250,41 @@ class Eagle3Drafter(Drafter):
 
         return cls(load_eagle3(find("eagle3", target.name, draft), target), target)
 
-    def start(self, target, state, hidden) -> None:
+    def _attach(self, target) -> None:
+        """Refuse a target the model was not made for; borrow its embedding if the checkpoint has none."""
         check_compatible(self.model.config, target)
-        share_embedding(self.model, target)
-        self.cache = KVCache()
-        self.num_real = 0  # cached positions computed from real target states
-        self.pending = [hidden[t] for t in self.taps]  # per tap [m, H_t]: rows not yet run
+        self.model.borrow_embedding(target)
+
+    def start(self, target, state, hidden) -> None:
+        self._attach(target)
+        self.cache, self.num_real = KVCache(), 0
+        self.pending = [hidden[t] for t in self.taps]
 
     @torch.inference_mode()
-    def _step(self, hidden: torch.Tensor, tokens: list[int], start: int) -> torch.Tensor:
-        """Run rows start..start+n-1 (hidden [n, H], the tokens that follow them) -> pre-norm x [n, H]."""
+    def _step(self, hidden: torch.Tensor, tokens: list[int], start: int, ancestors=None) -> torch.Tensor:
+        """One draft step over n rows (hidden [n, H], the tokens that follow them) -> pre-norm x [n, H].
+
+        A chain's rows sit at positions start, start+1, ... and see every
+        cached position up to their own. A tree's nodes of one depth all sit
+        at `start`; past the committed rows each sees only its `ancestors`
+        ([n, T] bool over the cache, themselves included).
+        """
         model, layer = self.model, self.model.layers[0]
         device = model.fc.weight.device
-        positions = torch.arange(start, start + len(tokens), device=device)  # [n]
+        if ancestors is None:  # a chain: one position after another
+            positions = torch.arange(start, start + len(tokens), device=device)  # [n]
+        else:  # one depth of a tree: its nodes side by side, at one position
+            positions = torch.full((len(tokens),), start, device=device)
         emb = model.embed(torch.tensor(tokens, device=device)).to(hidden.dtype)  # [n, H]
         cos, sin = model.rope(positions)
         q, k, v = layer.qkv(emb, hidden, cos, sin)
-        self.cache.append(k, v)  # cache row i holds position i
+        self.cache.append(k, v)  # committed row i holds position i
         distance = positions[:, None] - torch.arange(len(self.cache), device=device)[None, :]  # [n, T]
         mask = distance >= 0  # causal
         if layer.window is not None:  # a sliding_attention layer sees the last `window` positions
             mask &= distance < layer.window
+        if ancestors is not None:
+            mask[:, self.num_real :] = ancestors[:, self.num_real :]
         return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
 
     def _catch_up(self, state) -> torch.Tensor | None:
@@ -294,8 +319,6 @@ class Eagle3Drafter(Drafter):
                 x = self._step(model.feedback(x), tokens[-1:], self.num_real + i)
         return Proposal(tokens, torch.stack(qs) if qs else None)
 
-    can_branch = True
-
     @torch.inference_mode()
     def propose_tree(self, state, tree, sampling, generator) -> Proposal:
         """EAGLE-2's dynamic tree (tree.dynamic_tree): one batched draft step per depth.
@@ -312,30 +335,17 @@ class Eagle3Drafter(Drafter):
             return Proposal([])
         states, rows = {-1: x}, {}  # node -> its state x [1, H]; node -> its row in the drafter's cache
 
-        def step(run, tokens, parents, depth):
-            xs = self._tree_step(run, tokens, parents, rows, states, depth)  # [n, H]
+        def step(run, tokens, parents, depth):  # one batched draft step for the nodes `run`, all at `depth`
+            rows.update({c: len(self.cache) + i for i, c in enumerate(run)})
+            ancestors = ancestor_mask(run, parents, rows, len(self.cache) + len(run), x.device)  # [n, T]
+            hidden = model.feedback(torch.cat([states[parents[c]] for c in run]))  # [n, H]: each parent's state
+            xs = self._step(hidden, [tokens[c] for c in run], self.num_real + depth - 1, ancestors)  # [n, H]
             states.update({c: xs[i : i + 1] for i, c in enumerate(run)})
             return model.logits(xs).float().softmax(-1)  # [n, V_d]
 
         root = model.logits(x)[0].float().softmax(-1)  # [V_d]
         tokens, parents = dynamic_tree(root, step, tree, vocab=model.draft_to_target)
         return Proposal(tokens, parents=parents)
-
-    def _tree_step(self, run, tokens, parents, rows, states, depth) -> torch.Tensor:
-        """Run the candidates `run` (all at `depth`) in one draft step -> their states x [len(run), H]."""
-        model, layer = self.model, self.model.layers[0]
-        device = model.fc.weight.device
-        hidden = model.feedback(torch.cat([states[parents[c]] for c in run]))  # [n, H]: each parent's state
-        positions = torch.full((len(run),), self.num_real + depth - 1, device=device)  # a node at depth d: d - 1 on
-        emb = model.embed(torch.tensor([tokens[c] for c in run], device=device)).to(hidden.dtype)  # [n, H]
-        cos, sin = model.rope(positions)
-        q, k, v = layer.qkv(emb, hidden, cos, sin)
-        rows.update({c: len(self.cache) + i for i, c in enumerate(run)})
-        self.cache.append(k, v)
-        mask = ancestor_mask(run, parents, rows, len(self.cache), device)  # [n, T]
-        committed = positions[:, None] - torch.arange(self.num_real, device=device)[None, :]  # [n, num_real]
-        mask[:, : self.num_real] = committed < layer.window if layer.window is not None else True
-        return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
 
     def observe(self, state, accepted, hidden) -> None:
         # Positions drafted from the drafter's own states are redone with the target's.
@@ -361,11 +371,6 @@ def check_compatible(cfg: Eagle3Config, target) -> None:
         raise ValueError(f"EAGLE-3 taps {bad} are outside 0..{target.num_layers} for a {target.num_layers}-layer target.")
 
 
-def share_embedding(model: Eagle3Model, target) -> None:
-    if model.embed_tokens is None:
-        model.__dict__["shared_embedding"] = target.embed_tokens
-
-
 # --- load and save (the format itself: formats/speculators.py) ------------------------
 
 
@@ -387,22 +392,10 @@ def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
     dtype = dtype or (target.dtype if target is not None else torch.float32)
     model = model.to(device=device or (target.device if target is not None else "cpu"), dtype=dtype)
     if target is not None:
-        share_embedding(model, target)
+        model.borrow_embedding(target)
     return model.eval()
 
 
 def save_eagle3(model: Eagle3Model, path, dtype=torch.bfloat16, verifier: str | None = None):
-    """Write `model` in the speculators format (a shared embedding is not in its state dict, so not saved)."""
+    """Write `model` in the speculators format (a borrowed embedding is not in its state dict, so not saved)."""
     return write_eagle3(model.config, model.state_dict(), path, dtype, verifier)
-
-
-def new_eagle3(target, draft_ids=None, taps=None, intermediate_size: int | None = None, seed: int = 0) -> Eagle3Model:
-    """A fresh (random) drafter shaped for `target`, its draft layer a copy of the target's layer shape."""
-    n_draft = target.vocab_size if draft_ids is None else len(draft_ids)
-    cfg = eagle3_config_for(target, n_draft, tuple(taps or default_taps(target.num_layers)), intermediate_size)
-    torch.manual_seed(seed)
-    model = Eagle3Model(cfg)
-    if draft_ids is not None:
-        model.set_vocab(torch.as_tensor(draft_ids))
-    share_embedding(model, target)
-    return model.to(device=target.device)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -63,18 +64,29 @@ from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
 
-class MTPStep(nn.Module):
-    """One MTP layer with the pieces around it: norms, projection, head.
+# -- the network ------------------------------------------------------------------
 
-    In the Qwen layout the norms, `fc` and the output norm are shared by every
-    step (the same module objects); in the DeepSeek layout each step owns them.
+
+class MTPStep(nn.Module):
+    """One MTP layer with the pieces around it: norms, projection, block, output norm, head.
+
+    Its modules carry DeepSeek-V3's checkpoint names (the formula in the
+    module docstring). In that layout each step owns them, so the steps are
+    the head's layers; in the Qwen layout every step shares one `enorm`,
+    `hnorm`, `eh_proj` (Qwen's `fc`) and output norm (the same module
+    objects) and owns only its block.
     """
 
-    def __init__(self, enorm, hnorm, proj, layer, out_norm, head, feed_back_normed: bool):
+    def __init__(self, enorm, hnorm, eh_proj, mtp_block, shared_head_norm, head, feed_back_normed: bool):
         super().__init__()
-        self.enorm, self.hnorm, self.proj = enorm, hnorm, proj
-        self.layer, self.out_norm, self.head = layer, out_norm, head
+        self.enorm, self.hnorm, self.eh_proj, self.mtp_block = enorm, hnorm, eh_proj, mtp_block
+        self.shared_head_norm = shared_head_norm
+        self.unowned = SimpleNamespace(head=head)  # the target's LM head: not registered, so never saved here
         self.feed_back_normed = feed_back_normed  # Qwen: norm(x) is fed back; DeepSeek: x
+
+    @property
+    def head(self) -> nn.Module:
+        return self.unowned.head
 
     def forward(self, e, h, position_embeddings, mask, cache):
         """e, h: [1, n, H] -> (logits [1, n, V], next h_prev [1, n, H])."""
@@ -86,9 +98,9 @@ class MTPStep(nn.Module):
 
         Training scores a sample of the rows, so it applies `head` to those alone.
         """
-        x = self.proj(torch.cat([self.enorm(e), self.hnorm(h)], dim=-1))  # [1, n, 2H] -> [1, n, H]
-        x = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, **cache_arg(cache))
-        out = self.out_norm(x)
+        x = self.eh_proj(torch.cat([self.enorm(e), self.hnorm(h)], dim=-1))  # [1, n, 2H] -> [1, n, H]
+        x = self.mtp_block(x, position_embeddings=position_embeddings, attention_mask=mask, **cache_arg(cache))
+        out = self.shared_head_norm(x)
         return out, (out if self.feed_back_normed else x)
 
 
@@ -112,37 +124,21 @@ class MTPHead(nn.Module):
             self.fc = nn.Linear(2 * H, H, bias=False)
             self.layers = layers
             self.norm = norm_cls(H, eps=eps)
-            steps = [
-                MTPStep(self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.fc, layer, self.norm,
-                        target.lm_head, feed_back_normed=True)
-                for layer in layers
-            ]
-        else:  # deepseek_v3: every layer carries its own enorm / hnorm / eh_proj / shared_head
-            self.layers = nn.ModuleList(_DeepSeekLayer(norm_cls(H, eps=eps), norm_cls(H, eps=eps),
-                                                       nn.Linear(2 * H, H, bias=False), layer, norm_cls(H, eps=eps))
-                                        for layer in layers)
-            steps = [
-                MTPStep(m.enorm, m.hnorm, m.eh_proj, m.mtp_block, m.shared_head_norm, target.lm_head,
-                        feed_back_normed=False)
-                for m in self.layers
-            ]
-        self._steps = steps  # plain list: the modules are already registered above
-        self._embed = [target.embed_tokens]  # the target's, not a parameter of this head
+            steps = [MTPStep(self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.fc, layer, self.norm,
+                             target.lm_head, feed_back_normed=True) for layer in layers]
+        else:  # deepseek_v3: every layer carries its own enorm / hnorm / eh_proj / shared_head norm
+            steps = [MTPStep(norm_cls(H, eps=eps), norm_cls(H, eps=eps), nn.Linear(2 * H, H, bias=False), layer,
+                             norm_cls(H, eps=eps), target.lm_head, feed_back_normed=False) for layer in layers]
+            self.layers = nn.ModuleList(steps)
+        # Not registered (a plain namespace): the Qwen steps only regroup the modules above, and the
+        # embedding is the target's, saved, moved and counted with the target, not with this head.
+        self.unowned = SimpleNamespace(steps=steps, embedding=target.embed_tokens)
 
     def step(self, j: int) -> MTPStep:
-        return self._steps[j]
+        return self.unowned.steps[j]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._embed[0](tokens)
-
-
-class _DeepSeekLayer(nn.Module):
-    """DeepSeek-V3's MTP layer, with its checkpoint's sub-module names."""
-
-    def __init__(self, enorm, hnorm, eh_proj, mtp_block, shared_head_norm):
-        super().__init__()
-        self.enorm, self.hnorm, self.eh_proj, self.mtp_block = enorm, hnorm, eh_proj, mtp_block
-        self.shared_head_norm = shared_head_norm
+        return self.unowned.embedding(tokens)
 
 
 def _decoder_layer(target, j: int, num_layers: int) -> nn.Module:
@@ -165,42 +161,40 @@ def _decoder_layer(target, j: int, num_layers: int) -> nn.Module:
     return layer.to(device=target.device, dtype=target.dtype)
 
 
-# -- load and save (the names on disk: formats/mtp.py) ------------------------------
-def load_mtp(checkpoint_dir, target) -> MTPHead:
-    """The MTP head stored inside a target checkpoint directory (safetensors + config.json)."""
-    layout, n = names.mtp_config(checkpoint_dir)
-    tensors = names.read_mtp_tensors(checkpoint_dir, layout, target.num_layers) if n else {}
-    if not n or not tensors:
-        raise ValueError(
-            f"The target checkpoint {checkpoint_dir} has no MTP weights (its config declares "
-            f"{n} MTP layers and its files hold {len(tensors)} MTP tensors), so native MTP cannot draft "
-            "for it. Use a checkpoint trained with MTP (Qwen3.5, Qwen3-Next, DeepSeek-V3), a grafted MTP "
-            "head (method 'mtp' on smollm2-135m ships one), or another method."
-        )
-    head = MTPHead(target, n, layout)
-    ours = names.from_checkpoint(tensors, layout, target.num_layers)
-    try:
-        missing, unexpected = head.load_state_dict(ours, strict=False)
-        problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
-    except RuntimeError as err:  # a shape mismatch
-        missing, unexpected, problem = True, (), str(err).splitlines()[-1].strip()
-    if missing or unexpected:
-        raise ValueError(
-            f"The MTP weights do not match an MTP head of this target ({layout} layout): {problem}. "
-            "Check that the checkpoint directory belongs to this target."
-        )
-    head.chain_depth = read_config(checkpoint_dir).get("mtp_chain_depth")
+def random_mtp_head(target, num_layers: int = 1, layout: str = "qwen3_next", seed: int = 0) -> MTPHead:
+    """An untrained head (for tests and as the starting point of a graft).
+
+    Norm weights start at the identity of the target's norm class (1, or 0 for
+    zero-centred norms), linear weights small and random.
+    """
+    torch.manual_seed(seed)
+    head = MTPHead(target, num_layers, layout)
+    H = target.hidden_size
+    for name, p in head.named_parameters():
+        if p.ndim >= 2:
+            nn.init.normal_(p, std=1 / math.sqrt(H))
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-def save_mtp(head: MTPHead, checkpoint_dir, target, config_extra: dict | None = None, dtype=None):
-    """Write `head` into `checkpoint_dir` (``mtp.safetensors``) under the published names."""
-    tensors = names.to_checkpoint(head.state_dict(), head.layout, target.num_layers, head.num_layers,
-                                  target.embed_tokens.weight, target.lm_head.weight)
-    return names.write_mtp(tensors, checkpoint_dir, head.layout, head.num_layers, config_extra, dtype)
+def rotary(target, x: torch.Tensor, positions: torch.Tensor):
+    """The target's rotary embedding (cos, sin) at `positions` [1, n]."""
+    rotary = target.decoder.rotary_emb
+    if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
+        positions = positions[None].expand(3, 1, -1)
+    if "full_attention" in getattr(rotary, "layer_types", ()):  # Gemma 3: one rotary per attention type
+        return rotary(x, positions, "full_attention")
+    return rotary(x, positions)
+
+
+def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
+    return additive(allowed, dtype)[None, None]
 
 
 # -- the drafter ------------------------------------------------------------------
+
+
 class MTPDrafter(Drafter):
     """Drafts with the target's MTP layers: k steps, layer `s % n` at step s.
 
@@ -333,32 +327,40 @@ class MTPDrafter(Drafter):
         return (self.reduced or step.head)(out[:, -1:]) if logits else None, h_next
 
 
-def rotary(target, x: torch.Tensor, positions: torch.Tensor):
-    """The target's rotary embedding (cos, sin) at `positions` [1, n]."""
-    rotary = target.decoder.rotary_emb
-    if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
-        positions = positions[None].expand(3, 1, -1)
-    if "full_attention" in getattr(rotary, "layer_types", ()):  # Gemma 3: one rotary per attention type
-        return rotary(x, positions, "full_attention")
-    return rotary(x, positions)
+# -- load and save (the names on disk: formats/mtp.py) ------------------------------
 
 
-def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
-    """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
-    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
-    return additive(allowed, dtype)[None, None]
-
-
-def random_mtp_head(target, num_layers: int = 1, layout: str = "qwen3_next", seed: int = 0) -> MTPHead:
-    """An untrained head (for tests and as the starting point of a graft).
-
-    Norm weights start at the identity of the target's norm class (1, or 0 for
-    zero-centred norms), linear weights small and random.
-    """
-    torch.manual_seed(seed)
-    head = MTPHead(target, num_layers, layout)
-    H = target.hidden_size
-    for name, p in head.named_parameters():
-        if p.ndim >= 2:
-            nn.init.normal_(p, std=1 / math.sqrt(H))
+def load_mtp(checkpoint_dir, target) -> MTPHead:
+    """The MTP head stored inside a target checkpoint directory (safetensors + config.json)."""
+    layout, n = names.mtp_config(checkpoint_dir)
+    tensors = names.read_mtp_tensors(checkpoint_dir, layout, target.num_layers) if n else {}
+    if not n or not tensors:
+        raise ValueError(
+            f"The target checkpoint {checkpoint_dir} has no MTP weights (its config declares "
+            f"{n} MTP layers and its files hold {len(tensors)} MTP tensors), so native MTP cannot draft "
+            "for it. Use a checkpoint trained with MTP (Qwen3.5, Qwen3-Next, DeepSeek-V3), a grafted MTP "
+            "head (method 'mtp' on smollm2-135m ships one), or another method."
+        )
+    head = MTPHead(target, n, layout)
+    ours = names.from_checkpoint(tensors, layout, target.num_layers)
+    try:
+        missing, unexpected = head.load_state_dict(ours, strict=False)
+        problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
+    except RuntimeError as err:  # a shape mismatch
+        missing, unexpected, problem = True, (), str(err).splitlines()[-1].strip()
+    if missing or unexpected:
+        raise ValueError(
+            f"The MTP weights do not match an MTP head of this target ({layout} layout): {problem}. "
+            "Check that the checkpoint directory belongs to this target."
+        )
+    head.chain_depth = read_config(checkpoint_dir).get("mtp_chain_depth")
     return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def save_mtp(head: MTPHead, checkpoint_dir, target, config_extra: dict | None = None, dtype=None):
+    """Write `head` into `checkpoint_dir` (``mtp.safetensors``) under the published names."""
+    tensors = names.to_checkpoint(head.state_dict(), head.layout, target.num_layers, head.num_layers,
+                                  target.embed_tokens.weight, target.lm_head.weight)
+    return names.write_mtp(tensors, checkpoint_dir, head.layout, head.num_layers, config_extra, dtype)
+
+
