@@ -76,7 +76,7 @@ BENCH_TOKENS  ?= 128
 bench: $(VENV)/.bench
 	mkdir -p results
 	$(VENV)/bin/specdec bench --model smollm2-135m --methods ar,ngram --k 1,3,5 \
-		--workload humaneval --prompts $(BENCH_PROMPTS) --max-new-tokens $(BENCH_TOKENS) --dtype bf16 \
+		--workload humaneval --prompts $(BENCH_PROMPTS) --max-new-tokens $(BENCH_TOKENS) --dtype auto \
 		--json results/bench.json --plot results/bench.png
 
 # the book's reference run (benchmarks/reference.py): every method beside plain decoding, 10 prompts x 128 tokens,

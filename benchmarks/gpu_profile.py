@@ -356,7 +356,7 @@ def timed(clock: Clock, run, reset, warmup: int, repeats: int) -> dict:
 
 def undo(state, keep: int) -> None:
     """Take a timed verify back out of the cache: the linear layers' snapshot restored, attention layers cropped."""
-    from specdec_learn.target import crop_cache
+    from specdec_learn.kv_cache import crop_cache
 
     if state.rollback is not None:  # a hybrid target snapshots its linear state in verify (target.py)
         state.rollback.before.restore(state.cache)
@@ -939,7 +939,7 @@ def run(args, write_text_atomic) -> int:
         "settings": {"dtype": str(dtype)[6:], "context": args.context, "rows": list(args.rows),
                      "warmup": args.warmup, "repeats": args.repeats, "clock": clock.name, "budget_s": args.budget_s,
                      "seed": args.seed, "attention": "transformers' default (sdpa) on a GPU; grouped sdpa on a CPU "
-                                                     "(target.attend_grouped_heads)"},
+                                                     "(speedups.attend_grouped_heads)"},
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "models": models,
         "lossless": checks,

@@ -10,7 +10,7 @@ round, so drift of the machine hits both alike:
 
 * "sdpa": transformers' own, which repeats every K/V head for its query heads
   whenever it is handed a mask (a verify pass over a cache always is);
-* "sdpa_grouped": `target.attend_grouped_heads`, which keeps them grouped.
+* "sdpa_grouped": `speedups.attend_grouped_heads`, which keeps them grouped.
 
 Decoding one row needs no mask, so the two differ only for n > 1. The medians
 are of the verify call alone (the loop's `verify_cost` also counts acceptance).
@@ -29,7 +29,8 @@ from pathlib import Path
 import specdec_learn as sd
 from specdec_learn.bench import machine_info
 from specdec_learn.formats.io import write_text_atomic
-from specdec_learn.target import GROUPED, crop_cache
+from specdec_learn.kv_cache import crop_cache
+from specdec_learn.speedups import GROUPED
 from specdec_learn.workloads import load_workload
 
 IMPLEMENTATIONS = ("sdpa", GROUPED)
@@ -68,7 +69,7 @@ def measure(target, rows: list[int], context: int, repeats: int) -> dict:
 
 
 def run(dtype: str, rows: list[int], context: int, repeats: int) -> dict:
-    target = sd.load("smollm2-135m", dtype=dtype, device="cpu")
+    target = sd.load("smollm2-135m", dtype=dtype, device="cpu", invariant=False)  # torch's kernels, our attention
     if target.model.config._attn_implementation != GROUPED:
         raise SystemExit(f"the target's attention is {target.model.config._attn_implementation}, not {GROUPED}: "
                          "run this on a CPU")

@@ -1,7 +1,7 @@
 """The `specdec` command.
 
     specdec bench --model smollm2-135m --methods ar,ngram --k 1,3,5 \
-        --workload humaneval --prompts 10 --max-new-tokens 128 --dtype bf16 --json results.json
+        --workload humaneval --prompts 10 --max-new-tokens 128 --json results.json
     specdec generate --prompt "Write a haiku about tea." --method ngram --k 3
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+import torch
 
 from . import bench as bench_mod
 from . import quiet
@@ -39,7 +41,11 @@ def _method_folder(text: str) -> tuple[str, str]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="embedded name, local HF directory or hub id")
-    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default=None, help="default: fp32 on CPU, bf16 on GPU")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32", "fp16"], default="auto",
+                   help="auto (the default): bf16 on a GPU or a CPU with bf16 instructions, else fp32")
+    p.add_argument("--no-invariant", dest="invariant", action="store_false",
+                   help="keep torch's own CPU kernels: a row's bits may then depend on how many rows a pass "
+                        "computes, and greedy speculation may differ from plain decoding (invariant.py)")
     p.add_argument("--device", default=None, help="cpu or cuda (ROCm GPUs are 'cuda' too); default: GPU if present")
     p.add_argument("--cache-dir", default=None, help="where converted models go (default: $SPECDEC_CACHE or ~/.cache/specdec_learn)")
     p.add_argument("--draft", default=None, help="draft model for draft_model: name/path, or 'target'")
@@ -154,13 +160,16 @@ def _bench(args, sampling) -> int:
             print(f"--tree: {', '.join(chains_only)} draft{'s' if len(chains_only) == 1 else ''} chains only "
                   f"(trees: {', '.join(branching())}); {'its' if len(chains_only) == 1 else 'their'} chains run",
                   file=sys.stderr)
-        target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+        target = _load(args)
         records = bench_mod.bench(
             target, methods, args.k, prompts, args.max_new_tokens, sampling, args.seed, args.draft, not args.no_progress,
             args.tree, args.draft_vocab, args.drafter,
         )
     info = bench_mod.machine_info(target)
     info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
+    if target is None:
+        print("[specdec] vLLM batches by its own rules: a row's bits may depend on the pass, and greedy output "
+              "may differ from plain decoding in near-ties", file=sys.stderr)
     print(f"\n{args.model} · {info['dtype']} · {info['cpu']} ({info['torch_threads']} threads) · "
           f"{len(prompts)} {args.workload} prompts · {args.max_new_tokens} new tokens")
     print(bench_mod.format_table(records))
@@ -210,6 +219,24 @@ NO_VLLM_DRAFT_VOCAB = ("--draft-vocab runs in the readable loop only: vLLM reads
                        "checkpoint itself (draft_vocab_size with d2t/t2d). Drop --draft-vocab, or use --backend native.")
 
 
+def _load(args):
+    """The target the arguments name, and one line on stderr saying its dtype and mode."""
+    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir, invariant=args.invariant)
+    why = ""
+    if args.dtype == "auto":
+        why = " (auto: " + ("a GPU" if target.device.type != "cpu" else "this CPU has bf16 instructions"
+                            if target.dtype == torch.bfloat16 else "this CPU has no bf16 instructions") + ")"
+    if target.row_invariant:
+        mode = "every row computed alike in passes of any size (speculation reproduces plain decoding to the bit)"
+    elif target.device.type != "cpu":
+        mode = "torch's own GPU kernels (row invariance is the CPU's: greedy output may differ in near-ties)"
+    else:
+        mode = "torch's own kernels (--no-invariant: greedy output may differ from plain decoding in near-ties)"
+    print(f"[specdec] {target.name}: {str(target.dtype).replace('torch.', '')}{why}, {target.device}, {mode}",
+          file=sys.stderr)
+    return target
+
+
 def _generate(args, sampling) -> int:
     if args.backend == "vllm":
         if args.tree:
@@ -217,7 +244,7 @@ def _generate(args, sampling) -> int:
         if args.draft_vocab:
             raise ValueError(NO_VLLM_DRAFT_VOCAB)
         return _generate_vllm(args, sampling)
-    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir)
+    target = _load(args)
     drafter = make_drafter(args.method, target, draft=args.draft, draft_vocab=args.draft_vocab)
     out = generate(target, args.prompt, drafter, k=0 if args.tree else args.k, max_new_tokens=args.max_new_tokens,
                    sampling=sampling, seed=args.seed, tree=args.tree)

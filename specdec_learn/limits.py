@@ -69,7 +69,8 @@ def machine_info(target=None) -> dict:
         "transformers": transformers.__version__,
     }
     if target is not None:
-        info.update(device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
+        info.update(device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
+                    row_invariant=target.row_invariant)
     return info
 
 

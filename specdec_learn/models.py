@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from .formats.io import partial_dir
+from .limits import cpu_has_bf16
 
 # Names the library knows, and where their weights come from.
 EMBEDDED = {
@@ -85,13 +86,19 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """'fp32' / 'bf16' / 'fp16' or a torch dtype; None picks bf16 on a GPU, fp32 on a CPU."""
+    """'fp32' / 'bf16' / 'fp16' / 'auto' or a torch dtype; None picks bf16 on a GPU, fp32 on a CPU.
+
+    'auto' is the dtype the device runs best: bf16 on a GPU and on a CPU with bf16 instructions
+    (AVX512-BF16, AMX), fp32 on a CPU without them, where torch emulates bf16 several times slower.
+    """
     if dtype is None:
         return torch.bfloat16 if device != "cpu" else torch.float32
+    if dtype == "auto":
+        return torch.bfloat16 if device != "cpu" or cpu_has_bf16() else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(DTYPES)}.")
+        raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(DTYPES)} or 'auto'.")
     return DTYPES[dtype]
 
 

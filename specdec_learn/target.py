@@ -23,7 +23,7 @@ except the last one (``state.ids[:-1]``). The last token has been chosen but
 not yet run through the target; the next verify pass runs it first.
 
 Keeping that invariant after a rejection means taking the rejected drafts back
-out of the cache. How depends on the kind of layer (the bottom of this file):
+out of the cache. How depends on the kind of layer (kv_cache.py):
 full attention crops; sliding-window attention crops too, once told to keep
 its past (`record_past`); linear attention (Qwen3.5, Qwen3-Next) cannot be
 cropped before transformers 5.25, so verify snapshots its state and commit
@@ -38,12 +38,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
-import transformers
 from transformers import DynamicCache
-from transformers.cache_utils import LinearAttentionCacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import models
+from .compat import cache_arg, cached_length
+from .invariant import is_row_invariant, make_row_invariant
+from .kv_cache import (ATTENTION_TYPES, LinearState, Rollback, crop_cache, keep_path, keeps_every_position,
+                       linear_mixers, record_past)
+from .speedups import speed_up
 from .tree import is_chain, tree_mask, tree_positions
 
 
@@ -89,8 +91,11 @@ class Target:
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
         # Linear-attention layers' token mixers, by layer index: commit replays them (see `commit`).
         self.mixers: dict[int, torch.nn.Module] = linear_mixers(self.decoder, cfg)
-        pack_single_rows(self.lm_head)
-        attend_grouped_heads(model)
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether a row's result is independent of how many rows a forward computes (invariant.py)."""
+        return is_row_invariant(self.model)
 
     @property
     def max_context(self) -> int | None:
@@ -354,263 +359,27 @@ def encode(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-# -- taking rejected drafts back out of a cache ---------------------------------------
-#
-# An HF DynamicCache holds one object per layer, of one of three kinds:
-#
-# * full attention (DynamicLayer): K/V for every position; crop drops the last ones.
-# * sliding window (DynamicSlidingWindowLayer, Gemma 2/3/4, Mistral): K/V for
-#   the last window-1 positions only. Once the context passes the window, the
-#   positions a crop would expose again are gone, so transformers refuses to
-#   crop (RuntimeError) unless the layer was told to keep its past:
-#   `activate_past_recording()`. Then an update keeps all new K/V until the
-#   next crop, which drops the rejected ones AND trims back to window-1, even
-#   crop(0). That is exactly how transformers 5.19's own assisted decoding
-#   works (generation/utils.py `_assisted_decoding`: `cache.activate_past_recording()`
-#   before the loop, `crop(-rejected)` after every verify, including zero).
-# * linear attention (LinearAttentionLayer, Qwen3.5, Qwen3-Next): a conv state
-#   and a recurrent state that every token is folded into. Up to transformers
-#   5.24, past recording helps the conv state only; the recurrent state cannot
-#   be cropped (HF refuses assisted decoding on these models: `_is_stateful`).
-#   We snapshot and replay instead (`LinearState`, `Target.commit`), which
-#   works on every release in range. 5.25 can crop it: with
-#   `activate_past_recording(recurrent_states_to_keep=n)` the layer keeps the
-#   state after each of the last n positions, as vLLM's kernels do.
-
-# The attention kinds Target rolls back. Llama 4's "chunked_attention" uses the sliding
-# cache class too but is not tested here, so it is refused rather than trusted.
-ATTENTION_TYPES = ("full_attention", "sliding_attention")
-
-
-def pack_single_rows(head: torch.nn.Module) -> None:
-    """Hand `head` (an LM head) a one-row input in the packed layout: a CPU bf16 pitfall.
-
-    HF computes the last position's logits from ``hidden[:, -1:]``, a view of
-    [1, n, H] whose strides stay (n*H, H, 1). torch counts it contiguous (its
-    size-1 dims do not matter), but its bf16 matmul on a CPU does not: measured
-    here (Intel Xeon, 2 cores, torch 2.13), SmolLM2's head takes 86 ms on such a
-    row instead of 2 ms, 40 times longer (fp32 is unaffected). The prefill pays
-    it once per prompt, and a drafter that reads the last row of a longer run
-    (the MTP head after its catch-up, a draft model after a tree) every round.
-    Re-viewing the row with packed strides costs nothing; a pre-forward hook
-    does it wherever the head is called from.
-    """
-    if getattr(head, "_packs_single_rows", False):
-        return
-
-    def pack(_module, args):
-        x = args[0]
-        if x.dim() > 2 and x.numel() == x.shape[-1]:  # one row: [1, ..., 1, H]
-            return (x.reshape(1, -1).view(x.shape), *args[1:])
-        return None
-
-    head.register_forward_pre_hook(pack)
-    head._packs_single_rows = True
-
-
-GROUPED = "sdpa_grouped"  # the name attend_grouped_heads registers with transformers' AttentionInterface
-
-
-def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' sdpa attention, but grouped K/V heads stay grouped when a mask is given.
-
-    query [B, H_q, n, D]; key, value [B, H_kv, L, D] with H_q a multiple of H_kv.
-    -> ([B, n, H_q, D], None), as transformers' attention functions return.
-    """
-    grouped = attention_mask is not None and query.shape[1] != key.shape[1] and query.device.type == "cpu"
-    if not grouped or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None  # [B, n, H_q, D]
-
-
-def attend_grouped_heads(model) -> None:
-    """Run a CPU model's sdpa attention without copying its cache into every query head: the verify pass's own cost.
-
-    SmolLM2 has 9 query heads and 3 K/V heads (grouped-query attention).
-    transformers' sdpa attention hands the kernel the 3 heads as they are
-    (`enable_gqa`) only when it is given no mask, because CUDA's fused kernels
-    take grouped heads only then; with a mask it first repeats each K/V head
-    for its 3 query heads, a copy of the layer's whole cache, keys and values.
-    Decoding one token needs no mask. Verifying [last, d1..dk] over a cache
-    does (row i sees the cache and rows 0..i), so every verify pass paid two
-    cache copies per layer that plain decoding never pays. On a CPU torch's
-    kernel takes grouped heads with a mask, and its numbers were the same bit
-    for bit in every comparison run here (tests/test_target.py). Measured
-    side by side (benchmarks/verify_cost.py: Intel Xeon, 2 cores, idle, torch
-    2.13, bf16, 200 tokens decoded), a verify pass over 3 rows cost 1.10 one-row
-    passes with transformers' function and 1.05 with this one (38.3 and 36.6
-    ms, one row 34.9); over 5 rows 1.12 and 1.08. GPUs keep transformers' own.
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if model.config._attn_implementation != "sdpa" or model.device.type != "cpu":
-        return
-    AttentionInterface.register(GROUPED, grouped_sdpa)
-    AttentionMaskInterface.register(GROUPED, sdpa_mask)  # the masks sdpa gets, unchanged
-    model.set_attn_implementation(GROUPED)
-
-
-def is_linear(layer) -> bool:
-    """A linear-attention cache layer: states, no positions (crop does not apply)."""
-    return isinstance(layer, LinearAttentionCacheLayerMixin)
-
-
-def keeps_every_position(config) -> bool:
-    """Whether every cache layer of a model with this config keeps every position (no sliding window, no states).
-
-    What a token tree needs of a cache: its rows are not consecutive
-    positions, and only full-attention layers can keep any subset of them.
-    """
-    layers = DynamicCache(config=config).layers
-    return not any(getattr(layer, "is_sliding", False) or is_linear(layer) for layer in layers)
-
-
-# transformers 5.25 renamed the cache argument of every forward (`past_key_values`, and the linear-attention
-# mixers' `cache_params`) to `cache`; the old names warn until 5.40 removes them, and 5.19 knows only those.
-CACHE_RENAMED = tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 25)
-
-
-def cache_arg(cache: DynamicCache, old: str = "past_key_values") -> dict:
-    """{keyword: cache} for a forward call, in the name the installed transformers reads."""
-    return {"cache" if CACHE_RENAMED else old: cache}
-
-
-def cached_length(cache: DynamicCache) -> int:
-    """How many positions `cache` holds, as a plain int.
-
-    Up to transformers 5.24 the cache reads this from its first attention
-    layer. Since 5.25 it asks layer 0 whatever its kind, and a linear-attention
-    layer answers with its own token count: a 0-d tensor that later forwards
-    update in place, so a length kept without int() would change under you.
-    """
-    return int(cache.get_seq_length())
-
-
-def record_past(cache: DynamicCache) -> None:
-    """Let the sliding-window layers of `cache` be cropped past their window (see above).
-
-    Call it once everything in the cache is committed: K/V written before it
-    are trimmed to the window as usual, K/V written after it wait for the next
-    `crop_cache`. Linear-attention layers are left alone (they roll back by snapshot).
-    """
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False) and not is_linear(layer):
-            layer.activate_past_recording()
-
-
-def crop_cache(cache: DynamicCache, keep: int) -> None:
-    """Drop every cached position from `keep` on (the rejected drafts).
-
-    A recording sliding-window layer is cropped even when nothing is dropped:
-    crop(0) trims what it kept back to its window (HF's assisted decoding
-    calls it every round for the same reason). Layers that hold no positions
-    are skipped: linear-attention ones (Target.commit rolls them back) and the
-    placeholders of Gemma 4's KV-shared layers (transformers >= 5.24's
-    DummyLayer, whose keys stay None).
-    """
-    for layer in cache.layers:
-        if is_linear(layer) or not layer.is_initialized or layer.keys is None:
-            continue
-        # each layer's own length: since transformers 5.25 the cache's get_seq_length() reads layer 0,
-        # which on a hybrid model may be a linear layer that Target.commit has already rolled back
-        extra = max(int(layer.get_seq_length()) - keep, 0)
-        if extra or getattr(layer, "record_past", False):
-            layer.crop(-extra)  # a negative count removes that many positions from the end
-
-
-@torch.inference_mode()  # the cache's tensors were made in inference mode: update them there
-def keep_path(cache: DynamicCache, start: int, path: list[int]) -> None:
-    """After verifying a tree: keep positions < start (the cache and `last`), then only the path's rows.
-
-    Node i's keys and values sit at start + i; the path's move down to start,
-    start + 1, ... (in path order, which is increasing) and the rest is cropped.
-    Full-attention layers only (Target.can_verify_tree).
-    """
-    rows = torch.tensor([start + i for i in path], dtype=torch.long)
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            continue
-        index = rows.to(layer.keys.device)
-        layer.keys[..., start : start + len(path), :] = layer.keys[..., index, :]  # the right side is a copy
-        layer.values[..., start : start + len(path), :] = layer.values[..., index, :]
-    crop_cache(cache, start + len(path))
-
-
-@dataclass
-class LinearState:
-    """A copy of every linear-attention layer's state in a cache, to put back later.
-
-    The fields copied are those of transformers 5.19's
-    ``LinearAttentionCacheLayerMixin`` (cache_utils.py): per state index a
-    conv state [1, conv_dim, kernel] and a recurrent state [1, heads, d_k, d_v],
-    and the flags saying which exist. Since 5.25 the layer also counts the
-    tokens it has folded in (``cumulative_length_linear``, a 0-d tensor), and
-    the cache's ``get_seq_length()`` reads that count when layer 0 is linear:
-    it is copied too, or after a rollback the cache would claim the rejected
-    drafts. Tensors are cloned: the model updates them in place.
-    """
-
-    layers: dict[int, dict]  # layer index -> {field: value}
-
-    FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized",
-              "is_recurrent_states_initialized", "has_previous_state", "conv_kernel_size",
-              "cumulative_length_linear")  # the last one: transformers >= 5.25 only
-
-    @classmethod
-    def take(cls, cache: DynamicCache) -> LinearState:
-        return cls({i: {f: _copied(getattr(layer, f)) for f in cls.FIELDS if hasattr(layer, f)}
-                    for i, layer in enumerate(cache.layers) if is_linear(layer)})
-
-    def restore(self, cache: DynamicCache) -> None:
-        """Hand the copies back to `cache`, once: from then on the cache updates them in place."""
-        for i, fields in self.layers.items():
-            for f, value in fields.items():
-                setattr(cache.layers[i], f, value)
-        self.layers = {}
-
-
-def _copied(value):
-    """A copy of one field: a dict per state index (of tensors or flags), or a tensor."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
-
-
-@dataclass
-class Rollback:
-    """What `Target.verify` leaves for `Target.commit` on a linear-attention target."""
-
-    before: LinearState  # the linear state before verify
-    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> its mixer's input [1, k+1, H]
-
-    @property
-    def rows(self) -> int:
-        return next(iter(self.inputs.values())).shape[1]
-
-
-def linear_mixers(decoder, config) -> dict[int, torch.nn.Module]:
-    """The token mixer of each linear-attention layer (Qwen3.5 / Qwen3-Next name it ``linear_attn``)."""
-    types = getattr(config, "layer_types", None) or ()
-    return {i: decoder.layers[i].linear_attn for i, kind in enumerate(types)
-            if kind == "linear_attention" and hasattr(decoder.layers[i], "linear_attn")}
-
-
 def now(target: Target | None = None) -> float:
     if target is not None:
         target.sync()
     return time.perf_counter()
 
 
-def load(name_or_path: str = "smollm2-135m", dtype=None, device: str | None = None, cache_dir=None) -> Target:
+def load(name_or_path: str = "smollm2-135m", dtype=None, device: str | None = None, cache_dir=None,
+         invariant: bool = True, speedups: bool = True) -> Target:
     """Load a target: 'smollm2-135m' or 'gemma3-270m' (embedded, offline), a local HF directory, or a hub id.
 
-    dtype: 'fp32', 'bf16', 'fp16' or a torch dtype; default fp32 on a CPU, bf16 on a GPU.
+    dtype: 'fp32', 'bf16', 'fp16', 'auto' (what the device runs best) or a torch dtype; default fp32 on a
+    CPU, bf16 on a GPU.
     device: 'cpu', 'cuda' (CUDA and ROCm alike); default: a GPU when there is one.
     cache_dir: where the embedded model is converted to (default: see `models`).
+    invariant: on a CPU, make each row of a forward independent of how many rows the pass computes
+    (invariant.py), so speculation reproduces plain decoding to the bit; False keeps torch's own kernels.
+    speedups: the CPU speed-ups of speedups.py, which change no number; False leaves them out.
     """
     model, tokenizer = models.load_hf(name_or_path, dtype=dtype, device=device, cache=cache_dir)
+    if invariant:
+        make_row_invariant(model)
+    if speedups:
+        speed_up(model)
     return Target(model, tokenizer, name=name_or_path)

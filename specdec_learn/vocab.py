@@ -95,7 +95,7 @@ class ReducedHead(nn.Module):
         return self.ids.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # [n, H], packed (target.pack_single_rows says why)
+        rows = x.reshape(-1, x.shape[-1])  # [n, H], packed (speedups.pack_single_rows says why)
         scores = rows @ self.weight.to(x.dtype).T  # [n, V_d]
         full = scores.new_full((rows.shape[0], self.vocab_size), float("-inf"))  # [n, V]
         return full.index_copy_(-1, self.ids, scores).view(*x.shape[:-1], self.vocab_size)

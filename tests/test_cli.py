@@ -17,12 +17,12 @@ def reuse_target(monkeypatch, target) -> None:
     """Make the CLI's `load` return `target` when asked for it (name, dtype and device as resolved), else load."""
     load = cli.load
 
-    def load_or_reuse(name="smollm2-135m", dtype=None, device=None, cache_dir=None):
+    def load_or_reuse(name="smollm2-135m", dtype=None, device=None, cache_dir=None, invariant=True):
         resolved = device or default_device()
-        asked = (name, resolve_dtype(dtype, resolved), resolved, cache_dir)
-        if asked == (target.name, target.dtype, str(target.device), None):
+        asked = (name, resolve_dtype(dtype, resolved), resolved, cache_dir, invariant)
+        if asked == (target.name, target.dtype, str(target.device), None, target.row_invariant):
             return target
-        return load(name, dtype=dtype, device=device, cache_dir=cache_dir)
+        return load(name, dtype=dtype, device=device, cache_dir=cache_dir, invariant=invariant)
 
     monkeypatch.setattr(cli, "load", load_or_reuse)
 

@@ -27,7 +27,8 @@ from scipy.stats import chisquare
 import specdec_learn as sd
 from specdec_learn.drafters.mtp import MTPDrafter, random_mtp_head
 from specdec_learn.sampling import GREEDY, Sampling
-from specdec_learn.target import Target, is_linear
+from specdec_learn.kv_cache import is_linear
+from specdec_learn.target import Target
 
 PROMPT = [5, 9, 14, 3, 27, 8, 5, 9, 14, 3, 27, 8, 40, 41, 5, 9, 14, 3, 27, 8, 12, 30, 5, 9]
 MAX_NEW = 32

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 import specdec_learn as sd
 from specdec_learn.drafters.mtp import MTPDrafter, load_mtp, random_mtp_head, save_mtp
 from specdec_learn.sampling import GREEDY, Sampling
-from specdec_learn.target import Target, cached_length
+from specdec_learn.compat import cached_length
+from specdec_learn.target import Target
 
 
 def drive(target, drafter, ids, accepts, k):

@@ -83,7 +83,7 @@ def test_grouped_sdpa_is_transformers_sdpa_without_the_copy():
     """The attention function alone: 9 query heads on 3 K/V heads, a verify pass's masks (a chain's, a tree's)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from specdec_learn.target import grouped_sdpa
+    from specdec_learn.speedups import grouped_sdpa
 
     class Attention(torch.nn.Module):  # what the functions read of a layer
         num_key_value_groups = 3
@@ -104,16 +104,20 @@ def test_grouped_sdpa_is_transformers_sdpa_without_the_copy():
             torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
 
 
-def test_grouped_heads_verify_as_transformers_sdpa_does(target):
-    """Target sets attend_grouped_heads on a CPU model; a chain's or a tree's verify pass gives the same logits."""
+def test_grouped_heads_verify_as_transformers_sdpa_does():
+    """load's speed-ups set attend_grouped_heads on a CPU model (one not made row-invariant, whose attention is
+    its own); a chain's or a tree's verify pass gives the same logits."""
     from conftest import tiny_target
-    from specdec_learn.target import GROUPED
+    from specdec_learn.speedups import GROUPED, speed_up
 
+    target = sd.load("smollm2-135m", dtype="fp32", device="cpu", invariant=False)
     assert target.model.config._attn_implementation == GROUPED
     assert target.model.config.num_attention_heads != target.model.config.num_key_value_heads
     tree = [-1, 0, 0, 1]  # node 0 continues `last`, nodes 1 and 2 both continue node 0, node 3 node 1
     small = tiny_target()  # 4 query heads, 2 K/V heads
     small.model.to(torch.bfloat16)
+    assert small.model.config._attn_implementation == "sdpa"  # Target(model) leaves a model as it is
+    speed_up(small.model)
     assert small.model.config._attn_implementation == GROUPED
     try:
         for model, prompt, drafts in ((target, target.encode("Name three fruits."), [504, 1183, 28, 30]),

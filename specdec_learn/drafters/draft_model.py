@@ -35,8 +35,9 @@ import torch
 from transformers import DynamicCache
 
 from ..sampling import draft_token
-from ..target import (LinearState, cache_arg, cached_length, crop_cache, is_linear, keeps_every_position,
-                      pack_single_rows, record_past)
+from ..compat import cache_arg, cached_length
+from ..kv_cache import LinearState, crop_cache, is_linear, keeps_every_position, record_past
+from ..speedups import pack_single_rows
 from ..tree import additive, ancestor_mask, dynamic_tree
 from ..vocab import ReducedHead, cut_output_head
 from .base import Drafter, Proposal

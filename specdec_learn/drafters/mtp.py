@@ -58,7 +58,8 @@ from ..formats import mtp as names
 from ..formats.io import read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
-from ..target import cache_arg, cached_length, crop_cache
+from ..compat import cache_arg, cached_length
+from ..kv_cache import crop_cache
 from ..tree import additive
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal

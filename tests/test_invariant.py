@@ -1,0 +1,128 @@
+"""Row invariance (invariant.py): a row's logits are the same bits in a one-row pass and inside a wider one.
+
+The property checked is the one greedy speculation needs: row i of a verify
+pass over [last, d1..dk] (or over a tree) equals what plain decoding computes
+at that position, one row at a time, after committing the same tokens.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import specdec_learn as sd
+from specdec_learn.limits import machine_info
+from specdec_learn.methods import names
+from specdec_learn.zoo import make_drafter
+from specdec_learn.invariant import RowLinear, is_row_invariant, make_row_invariant, visible_keys
+from specdec_learn.target import Target
+
+from conftest import tiny_llama
+
+DRAFTS = [13, 567, 89, 1000, 22, 7, 99, 100, 5]
+TREE = ([13, 567, 89, 1000, 22], [-1, -1, 0, 1, 2])  # two branches: 13 -> 89 -> 22 and 567 -> 1000
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def real(request):
+    return sd.load("smollm2-135m", dtype=request.param, device="cpu")
+
+
+def one_row_logits(target, state, tokens):
+    """Plain decoding's logits at `last` and after each of `tokens`: one row a pass, committing as it goes."""
+    state, rows = copy.deepcopy(state), []
+    for i in range(len(tokens) + 1):
+        rows.append(target.verify(state, []).logits[0])
+        if i < len(tokens):
+            target.commit(state, [tokens[i]])
+    return rows
+
+
+def differing(target, prompt, drafts, parents=None):
+    """The rows of one verify pass over `drafts` (a chain, or a tree) whose bits differ from plain decoding's."""
+    state, _ = target.prefill(prompt)
+    wide = target.verify(copy.deepcopy(state), drafts, parents=parents).logits
+    bad = []
+    for row in range(len(drafts) + 1):
+        path = []  # the drafts on the way to this row: its ancestors, root first
+        node = row - 1
+        while node >= 0:
+            path.insert(0, drafts[node])
+            node = parents[node] if parents is not None else node - 1
+        if not torch.equal(wide[row], one_row_logits(target, state, path)[-1]):
+            bad.append(row)
+    return bad
+
+
+def test_the_embedded_target_is_row_invariant_in_each_dtype(real):
+    assert real.row_invariant and machine_info(real)["row_invariant"]
+    prompt = real.encode("Write a Python function that reverses a linked list.")
+    for n in (1, 3, 4, len(DRAFTS)):
+        assert differing(real, prompt, DRAFTS[:n]) == [], f"{real.dtype}: a chain of {n}"
+    assert differing(real, prompt, *TREE) == [], f"{real.dtype}: a tree"
+
+
+def test_without_the_switch_rows_differ_somewhere():
+    """What the switch is for: torch's own kernels give a wide pass's rows other bits (in fp32 on every CPU
+    these tests have met; the one-row and multi-row matmul kernels round differently)."""
+    plain = sd.load("smollm2-135m", dtype="fp32", device="cpu", invariant=False)
+    assert not plain.row_invariant
+    prompt = plain.encode("Write a Python function that reverses a linked list.")
+    assert differing(plain, prompt, DRAFTS[:4]) != []
+
+
+def test_greedy_speculation_equals_plain_decoding_in_bf16(real_prompts):
+    """Every drafter, chains and a tree, in the dtype where near-ties used to flip."""
+    target = sd.load("smollm2-135m", dtype="bf16", device="cpu")
+    prompts = [real_prompts[0], real_prompts[6]]
+    ar = [sd.generate(target, p, max_new_tokens=24).tokens for p in prompts]
+    for method in names()[1:]:
+        drafter = make_drafter(method, target)
+        for prompt, expected in zip(prompts, ar):
+            assert sd.generate(target, prompt, drafter, k=3, max_new_tokens=24).tokens == expected, method
+    tree = sd.TreeSpec(8, 3, 2)
+    for method in ("eagle3", "ngram"):
+        drafter = make_drafter(method, target)
+        assert sd.generate(target, prompts[0], drafter, tree=tree, max_new_tokens=24).tokens == ar[0], method
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_targets_are_row_invariant_past_the_window(family, dtype):
+    from test_sliding_window import PROMPT, TARGETS
+
+    target = Target(TARGETS[family]().to(dtype), None, name=f"tiny-{family}")
+    assert make_row_invariant(target.model)
+    prompt = PROMPT * 2  # six windows of 8
+    for n in (2, 5):
+        assert differing(target, prompt, [5, 9, 14, 3, 27][:n]) == [], f"{family} {dtype}: a chain of {n}"
+
+
+def test_visible_keys_are_the_mask_rows():
+    """Consecutive keys come back as a slice (a view), a tree row's ancestors as their indices."""
+    causal = visible_keys(None, 3, 10)
+    assert causal == [slice(0, 8), slice(0, 9), slice(0, 10)]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    rows = visible_keys(mask, 3, 5)
+    assert rows[0] == slice(0, 3) and rows[1].tolist() == [0, 1, 3] and rows[2] == slice(0, 0)
+    additive = torch.where(mask, 0.0, float("-inf"))
+    assert visible_keys(additive, 3, 5)[1].tolist() == [0, 1, 3]
+
+
+def test_row_linear_keeps_the_layer_and_its_ties():
+    """The wrapped layer's weight is the same Parameter (a tied embedding stays tied); a one-row input gives
+    a multi-row pass's bits; outside the CPU's float32 and bf16 inference it is the plain layer."""
+    model = tiny_llama(96)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    head = model.lm_head
+    assert make_row_invariant(model) and is_row_invariant(model)
+    assert isinstance(model.lm_head, RowLinear) and model.lm_head.weight is head.weight
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        assert torch.equal(model.lm_head(x[2:3]), model.lm_head(x)[2:3])
+    with torch.enable_grad():
+        assert model.lm_head(x).requires_grad  # autograd goes through the plain layer
+    assert make_row_invariant(model)  # idempotent: not wrapped twice
+    assert isinstance(model.lm_head.linear, torch.nn.Linear)
