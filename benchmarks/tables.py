@@ -91,7 +91,43 @@ def reference(results: Path) -> str:
     return "\n".join(out)
 
 
-TABLES = {"ci-times": ci_times, "chapter-times": chapter_times, "reference": reference}
+def row_invariance(results: Path) -> str:
+    """benchmarks/row_invariance.py: plain decoding with rows computed alike, torch's kernels and HF generate;
+    verify cost against rows; every method's greedy match, per dtype."""
+    paths = sorted(results.glob("row_invariance_*.json"))
+    if not paths:
+        return "No run of `make row-invariance` is committed yet.\n"
+    out = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        c = data["config"]
+        m = data["runs"][0]["machine"]
+        bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
+        disturbed = [r["dtype"] for r in data["runs"] if (r["conditions"] or {}).get("disturbed")
+                     or (r["methods_conditions"] or {}).get("disturbed")]
+        out += [f"`make row-invariance`: {c['num_prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, "
+                f"greedy, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, "
+                + (f"disturbed ({', '.join(disturbed)})" if disturbed else "otherwise idle")
+                + f" (`benchmarks/results/{path.name}`). Plain decoding's tok/s with rows computed alike, and "
+                "the others as a ratio of it; a verify pass over n rows in one-row passes; the lowest greedy "
+                "match of every method (each at its book k) and every tree, against plain decoding.", "",
+                "| dtype | AR tok/s, rows alike | torch's kernels | HF generate | verify 4 rows: alike / torch's "
+                "| verify 9 rows: alike / torch's | greedy match, lowest |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in data["runs"]:
+            ar, v = r["plain_decoding"], r["verify_cost"]
+            cost = {n: f"{v['invariant']['over_one_row'][str(n)]:.2f} / {v['torch_kernels']['over_one_row'][str(n)]:.2f}"
+                    for n in (4, 9)}
+            worst = min(x["greedy_match"] for x in r["methods"])
+            out.append(f"| {r['dtype']} | {ar['invariant']['tok_per_s']:.1f} | "
+                       f"{ar['torch_kernels']['over_invariant']:.2f}× | {ar['hf_generate']['over_invariant']:.2f}× | "
+                       f"{cost[4]} | {cost[9]} | {worst:.2f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+TABLES = {"ci-times": ci_times, "chapter-times": chapter_times, "reference": reference,
+          "row-invariance": row_invariance}
 
 
 def render(text: str, results: Path = RESULTS) -> str:

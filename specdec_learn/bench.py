@@ -10,8 +10,10 @@ it is doing; the ratio is what carries over.
 For each (method, k) the record holds vLLM's acceptance metrics (see
 stats.py), the throughput, the speedup over AR, and `greedy_match`: the
 fraction of prompts whose output equals AR's token for token. Under greedy
-decoding in fp32 that must be 1.0; in bf16 a different batch shape can flip a
-near-tie in the logits, so we report the rate rather than hide it.
+decoding on a row-invariant CPU target (invariant.py, `load`'s default) that
+must be 1.0 in fp32 and bf16 alike; with torch's own kernels, on a GPU or
+through vLLM a different number of rows in a pass can flip a near-tie in the
+logits, so we report the rate rather than hide it.
 
 Two costs, both in units of one AR step of the same run (its seconds per
 round: a one-row forward plus acceptance), say where a method's time goes:
@@ -30,10 +32,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from . import quiet

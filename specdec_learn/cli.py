@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from . import bench as bench_mod
 from . import quiet
 from .decode import generate
 from .drafters import branching, reducible
+from .invariant import not_invariant
+from .limits import cpu_has_bf16
 from .methods import names
+from .models import default_device, resolve_dtype
 from .sampling import Sampling
 from .target import load
 from .tree import TreeSpec
@@ -166,7 +167,8 @@ def _bench(args, sampling) -> int:
             args.tree, args.draft_vocab, args.drafter,
         )
     info = bench_mod.machine_info(target)
-    info.setdefault("dtype", f"vLLM {args.dtype or 'default'}, batch {args.batch_size}")
+    vllm_dtype = str(resolve_dtype(args.dtype, args.device or default_device())).replace("torch.", "")
+    info.setdefault("dtype", f"vLLM {vllm_dtype}, batch {args.batch_size}")
     if target is None:
         print("[specdec] vLLM batches by its own rules: a row's bits may depend on the pass, and greedy output "
               "may differ from plain decoding in near-ties", file=sys.stderr)
@@ -224,14 +226,14 @@ def _load(args):
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir, invariant=args.invariant)
     why = ""
     if args.dtype == "auto":
-        why = " (auto: " + ("a GPU" if target.device.type != "cpu" else "this CPU has bf16 instructions"
-                            if target.dtype == torch.bfloat16 else "this CPU has no bf16 instructions") + ")"
+        bf16 = {True: "this CPU has bf16 instructions", False: "this CPU has no bf16 instructions",
+                None: "bf16 instructions unknown"}[cpu_has_bf16()]
+        why = f" (auto: {'a GPU' if target.device.type != 'cpu' else bf16})"
     if target.row_invariant:
         mode = "every row computed alike in passes of any size (speculation reproduces plain decoding to the bit)"
-    elif target.device.type != "cpu":
-        mode = "torch's own GPU kernels (row invariance is the CPU's: greedy output may differ in near-ties)"
     else:
-        mode = "torch's own kernels (--no-invariant: greedy output may differ from plain decoding in near-ties)"
+        reason = "--no-invariant" if not args.invariant else not_invariant(target.model)
+        mode = f"torch's own kernels ({reason}: greedy output may differ from plain decoding in near-ties)"
     print(f"[specdec] {target.name}: {str(target.dtype).replace('torch.', '')}{why}, {target.device}, {mode}",
           file=sys.stderr)
     return target
@@ -393,7 +395,7 @@ def _train_data(args) -> int:
             data.build_dataset(None, data_dir, data.training_prompts(), batch_size=args.batch_size or 128,
                                engine=engine, **kwargs)
     else:
-        target = load(args.target, dtype=args.dtype, device=args.device)
+        target = load(args.target, dtype=args.dtype, device=args.device, invariant=False)  # whole answers, batched
         data.build_dataset(target, data_dir, data.training_prompts(), batch_size=args.batch_size or 16, **kwargs)
     examples = data.load_examples(data_dir)
     tokens = sum(sum(ex.loss_mask) for ex in examples)

@@ -18,8 +18,9 @@ CPU two do not:
   three roundings of the same dot products; in bf16 one row alone now and
   then differs in its last bit from the same row among others. oneDNN's
   matmul with the weight packed once (what torch's inductor uses for CPU
-  linears) rounds alike for every count from two up, in both dtypes. So
-  `RowLinear` runs it, and never on one row alone: it sends it as two.
+  linears) rounds alike for every count from two rows up (tested to 64,
+  more than a verify pass holds), in both dtypes. So `RowLinear` runs it,
+  and never on one row alone: it sends it as two.
 
 A near-tie between two tokens is then decided the same way in the one-row
 step and in the verify pass, and greedy speculative decoding reproduces
@@ -27,12 +28,17 @@ plain decoding to the bit, in bf16 as in fp32 (tests/test_invariant.py).
 Elementwise operations and norms work row by row and need nothing.
 
 `make_row_invariant(model)` switches a CPU model over; `target.load` does it
-unless told not to (`invariant=False`). GPUs, and vLLM, batch by other rules:
-the library promises the bits there only in the sense of chapter 2 (the
-distribution is the target's), not row for row.
+unless told not to (`invariant=False`). It leaves alone what it cannot make
+invariant (`not_invariant` says why): linear-attention layers (Qwen3.5,
+Qwen3-Next), which compute many rows in chunks and one row step by step;
+mixture-of-experts layers; soft-capped attention. GPUs and vLLM batch by
+their own rules. There the library promises what chapter 2 proves (each
+token is distributed as the target's), not the last bit.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -65,83 +71,121 @@ def visible_keys(mask: torch.Tensor | None, n: int, length: int) -> list[torch.T
 def row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' sdpa attention, one query row at a time over the keys that row sees.
 
-    query [1, H_q, n, D]; key, value [1, H_kv, L, D]; attention_mask [1, 1, n, L] (bool, or additive with
-    0 where a row looks and a large negative elsewhere) or None. -> ([1, n, H_q, D], None), as
+    query [1, H_q, n, D]; key, value [1, H_kv, L, D]; attention_mask [1, 1, n, >= L] (bool, or additive with
+    0 where a row looks and a large negative elsewhere) or None (causal). -> ([1, n, H_q, D], None), as
     transformers' attention functions return. Each row's call is the one a one-row pass makes (no mask,
-    grouped K/V heads kept grouped), so its bits are the one-row pass's. Anything this does not model
-    (a batch, dropout, soft-capping, a bias beside the mask, attention sinks) goes to transformers' own.
+    grouped K/V heads kept grouped), so its bits are the one-row pass's. bf16 rows are attended in fp32,
+    whose one-row kernel on a CPU is several times faster, and no less exact. Anything this does not model
+    (a GPU, a batch, autograd, dropout, a non-causal layer without a mask, soft-capping, a bias beside the
+    mask, attention sinks, a row that sees nothing) goes to transformers' own.
     """
-    plain = attention_mask is None or attention_mask.dtype == torch.bool or bool(
-        ((attention_mask == 0) | (attention_mask <= torch.finfo(attention_mask.dtype).min / 2)).all())
+    n, length = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    mask = None if attention_mask is None else attention_mask[0, 0, :, :length]  # [n, L], as transformers slices
+    plain = mask is None or mask.dtype == torch.bool or bool(
+        ((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
     special = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
-    if query.shape[0] != 1 or dropout or special or not plain:
+    rows = visible_keys(mask, n, length) if plain and (mask is None or mask.shape[0] == n) else None
+    if (query.device.type != "cpu" or query.shape[0] != 1 or torch.is_grad_enabled() or dropout or special
+            or rows is None or (mask is None and (not causal or (n > 1 and length != n)))
+            or any(isinstance(keys, slice) and keys.stop == keys.start for keys in rows)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    n, length = query.shape[2], key.shape[2]
-    mask = None if attention_mask is None else attention_mask[0, 0, -n:, -length:]  # [n, L]
-    rows = []
-    for i, keys in enumerate(visible_keys(mask, n, length)):
-        k = key[:, :, keys] if isinstance(keys, slice) else key.index_select(2, keys)  # [1, H_kv, L_i, D]
-        v = value[:, :, keys] if isinstance(keys, slice) else value.index_select(2, keys)
-        rows.append(torch.nn.functional.scaled_dot_product_attention(query[:, :, i : i + 1], k, v, scale=scaling,
-                                                                     enable_gqa=True))  # [1, H_q, 1, D]
-    out = torch.cat(rows, dim=2) if n > 1 else rows[0]  # [1, H_q, n, D]
-    return out.transpose(1, 2).contiguous(), None  # [1, n, H_q, D]
+    q, k_all, v_all = (x.float() for x in (query, key, value))  # fp32 (no copy when already fp32)
+    out = []
+    for i, keys in enumerate(rows):
+        k = k_all[:, :, keys] if isinstance(keys, slice) else k_all.index_select(2, keys)  # [1, H_kv, L_i, D]
+        v = v_all[:, :, keys] if isinstance(keys, slice) else v_all.index_select(2, keys)
+        out.append(torch.nn.functional.scaled_dot_product_attention(q[:, :, i : i + 1], k, v, scale=scaling,
+                                                                    enable_gqa=True))  # [1, H_q, 1, D]
+    attended = torch.cat(out, dim=2) if n > 1 else out[0]  # [1, H_q, n, D]
+    return attended.to(query.dtype).transpose(1, 2).contiguous(), None  # [1, n, H_q, D]
 
 
-class RowLinear(nn.Module):
+class RowLinear(nn.Linear):
     """A CPU nn.Linear that rounds a row the same way in a pass of any number of rows.
 
     It runs oneDNN's matmul on the weight packed once into oneDNN's blocked
     layout, and never on one row alone: a one-row input goes through as two
     rows (itself twice) and one row of the output is kept. From two rows up
     that matmul rounds a row the same way whatever the count, in fp32 and
-    bf16 alike; and reading a packed weight is faster than torch's own
-    matmuls on the CPUs measured (benchmarks/row_invariance.py). The packed
-    copy is a buffer, not a parameter: `weight` stays the layer's own (a tied
-    embedding, a drafter reading the LM head), and anything else (fp16, a
-    GPU, autograd) runs the plain layer.
+    bf16 alike, and on the CPUs measured it reads a packed weight faster
+    than torch's own matmuls (benchmarks/row_invariance.py). It is the
+    layer it replaces in every other way: the same `weight` and `bias`
+    Parameters (a tied embedding stays tied; the state dict keeps its
+    names), and anything else (fp16, a GPU, autograd) runs the plain
+    nn.Linear forward. The packed copy is a buffer outside the state dict,
+    as large as the weight, made again when the weight is changed in place.
     """
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.linear = linear
-        packed = None
-        if linear.weight.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
-            with torch.no_grad():  # [out, in], blocked for a matmul of about 2 rows
-                packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 2)
-        self.register_buffer("packed", packed, persistent=False)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.linear.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.linear.bias
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameters, not copies
+        self.register_parameter("bias", linear.bias)
+        self.register_buffer("packed", None, persistent=False)
+        self.packed_version = -1  # the weight's version the packed copy was made from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.dtype != self.packed.dtype or x.device.type != "cpu" or torch.is_grad_enabled():
-            return self.linear(x)
+        if (x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype or x.device.type != "cpu"
+                or torch.is_grad_enabled()):
+            return super().forward(x)
+        if self.packed_version != self.weight._version:  # the first call, or the weight changed in place
+            with torch.no_grad():  # [out, in], blocked for a matmul of about 2 rows
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 2)
+            self.packed_version = self.weight._version
         rows = x.reshape(-1, x.shape[-1])  # [n, in]
         n = rows.shape[0]
         if n == 1:  # the one-row kernel rounds differently: run it as two rows, keep one
             rows = rows.expand(2, -1)
-        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.linear.bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
         return out[:n].view(*x.shape[:-1], out.shape[-1])  # [..., out]
 
 
-def make_row_invariant(model: nn.Module) -> bool:
-    """Switch a CPU model's attention and (in fp32) its linear layers to the row-invariant paths above.
+@functools.cache
+def packed_matmul_works() -> bool:
+    """Whether this torch build has oneDNN's packed matmul (RowLinear's path), tried once on a tiny layer."""
+    try:
+        weight = torch.ones(4, 8)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), packed, None, "none", [], "")
+        return bool(torch.backends.mkldnn.is_available()) and torch.equal(out, torch.full((2, 4), 8.0))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
 
-    -> whether it did: only a CPU model whose attention is transformers' sdpa is switched. Idempotent.
+
+def not_invariant(model: nn.Module) -> str | None:
+    """Why `make_row_invariant` would leave `model` as it is (None: it can switch it)."""
+    config = model.config.get_text_config()
+    kinds = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if model.device.type != "cpu":
+        return "it is not on a CPU (GPUs batch by their own rules)"
+    if model.dtype not in (torch.float32, torch.bfloat16):
+        return f"its dtype is {model.dtype}, not fp32 or bf16"
+    if model.config._attn_implementation not in ("sdpa", "sdpa_grouped", ROW_SDPA):
+        return f"its attention is {model.config._attn_implementation!r}, not sdpa"
+    if kinds:
+        return f"it has {', '.join(sorted(kinds))} layers, which compute a pass of many rows another way than one row"
+    if any(getattr(config, key, None) for key in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return "its experts see as many rows as the router sends them"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "its attention soft-caps the scores"
+    if not packed_matmul_works():
+        return "this torch has no oneDNN packed matmul"
+    return None
+
+
+def make_row_invariant(model: nn.Module) -> bool:
+    """Switch a CPU model's attention and its linear layers to the row-invariant paths above.
+
+    -> whether it did; a model `not_invariant` gives a reason for is left as it is. Idempotent.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     if is_row_invariant(model):
         return True
-    if model.device.type != "cpu" or model.config._attn_implementation not in ("sdpa", "sdpa_grouped"):
+    if not_invariant(model) is not None:
         return False
     AttentionInterface.register(ROW_SDPA, row_sdpa)
     AttentionMaskInterface.register(ROW_SDPA, sdpa_mask)  # the masks sdpa gets, unchanged
@@ -154,5 +198,5 @@ def make_row_invariant(model: nn.Module) -> bool:
 
 
 def is_row_invariant(model: nn.Module) -> bool:
-    """Whether `make_row_invariant` switched this model."""
-    return model.config._attn_implementation == ROW_SDPA
+    """Whether `make_row_invariant` switched this model, and it is still on the CPU."""
+    return model.config._attn_implementation == ROW_SDPA and model.device.type == "cpu"

@@ -24,11 +24,11 @@ def pack_single_rows(head: torch.nn.Module) -> None:
 
     HF computes the last position's logits from ``hidden[:, -1:]``, a view of
     [1, n, H] whose strides stay (n*H, H, 1). torch counts it contiguous (its
-    size-1 dims do not matter), but its bf16 matmul on a CPU does not: measured
-    here (Intel Xeon, 2 cores, torch 2.13), SmolLM2's head takes 86 ms on such a
-    row instead of 2 ms, 40 times longer (fp32 is unaffected). The prefill pays
-    it once per prompt, and a drafter that reads the last row of a longer run
-    (the MTP head after its catch-up, a draft model after a tree) every round.
+    size-1 dims do not matter), but its bf16 matmul on a CPU does not: it takes
+    a path tens of times slower for such a row (fp32 is unaffected;
+    benchmarks/README.md has the figures). The prefill pays it once per prompt,
+    and a drafter that reads the last row of a longer run (the MTP head after
+    its catch-up, a draft model after a tree) every round.
     Re-viewing the row with packed strides costs nothing; a pre-forward hook
     does it wherever the head is called from.
     """
@@ -74,12 +74,9 @@ def attend_grouped_heads(model) -> None:
     Decoding one token needs no mask. Verifying [last, d1..dk] over a cache
     does (row i sees the cache and rows 0..i), so every verify pass paid two
     cache copies per layer that plain decoding never pays. On a CPU torch's
-    kernel takes grouped heads with a mask, and its numbers were the same bit
-    for bit in every comparison run here (tests/test_target.py). Measured
-    side by side (benchmarks/verify_cost.py: Intel Xeon, 2 cores, idle, torch
-    2.13, bf16, 200 tokens decoded), a verify pass over 3 rows cost 1.10 one-row
-    passes with transformers' function and 1.05 with this one (38.3 and 36.6
-    ms, one row 34.9); over 5 rows 1.12 and 1.08. GPUs keep transformers' own.
+    kernel takes grouped heads with a mask, with the same numbers
+    (tests/test_target.py) and without the copies (`make verify-cost`
+    measures the difference). GPUs keep transformers' own.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

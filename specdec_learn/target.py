@@ -252,20 +252,13 @@ class Target:
 
         What it costs, per round with a rejection: one copy of every linear
         layer's state (in verify, every round with drafts) and one pass of the
-        linear mixers over n+1 rows (here). Measured in the loop on the tiny
-        hybrid Qwen3.5 of tests/test_hybrid.py (3 linear + 1 full layer, fp32,
-        2 threads of an Intel Xeon shared with other jobs, drafts of 4 partly
-        accepted): the copy 0.04 ms a round; the replay 10 ms at H = 32, 0.7
-        of a target forward (a model this small is all per-op overhead, most
-        of it in the linear layers), and 5 ms at H = 256, 0.3 of a forward.
-        On a GPU, where a forward over a few rows costs what reading the
-        weights costs, the replay reads the mixers' weights once more: for
-        Qwen3-Next-80B-A3B's published shapes (hidden 2048, 16 key and 32
-        value heads of 128, 36 of 48 layers linear) about 1.2B of its ~3B
-        active parameters, so up to ~0.4 of a forward. Replaying the whole
-        model would cost a full forward. vLLM needs no second pass: its
-        kernels write the state at every draft position during verify and
-        keep the accepted one.
+        linear mixers over n+1 rows (here), which reads the mixers' weights
+        once more: on a GPU, where a forward over a few rows costs what reading
+        the weights costs, up to the mixers' share of the active parameters
+        (for Qwen3-Next-80B-A3B's published shapes about 1.2B of ~3B, so ~0.4
+        of a forward), where replaying the whole model would cost a full one.
+        vLLM needs no second pass: its kernels write the state at every draft
+        position during verify and keep the accepted one.
         """
         if path is not None:  # a tree: the cache keeps `last` and the accepted path, in that order
             keep_path(state.cache, state.num_cached + 1, path)

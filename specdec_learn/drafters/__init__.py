@@ -38,5 +38,5 @@ def branching() -> tuple[str, ...]:
 
 
 def reducible() -> tuple[str, ...]:
-    """The methods whose drafter can score a cut vocabulary (its class has `reduce_vocabulary`)."""
-    return names(lambda m: m.drafter is not None and hasattr(drafter_class(m.name), "reduce_vocabulary"))
+    """The methods whose drafter can score a cut vocabulary (its class's `can_reduce_vocabulary`)."""
+    return names(lambda m: m.drafter is not None and drafter_class(m.name).can_reduce_vocabulary)

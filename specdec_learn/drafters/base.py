@@ -87,6 +87,7 @@ class Drafter:
     max_k: int | None = None  # the most tokens one proposal can hold; None = no limit
 
     can_branch = False  # grows token trees (propose_tree)
+    can_reduce_vocabulary = False  # can score a cut vocabulary (reduce_vocabulary)
 
     @classmethod
     def build(cls, target, draft: str | None, options) -> Drafter:
@@ -122,6 +123,13 @@ class Drafter:
 
     def observe(self, state, accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """The round is committed: `accepted` drafts kept, `hidden` rows for [last, d1..dn]."""
+
+    def reduce_vocabulary(self, ids) -> None:
+        """Score only the target ids `ids` from now on (vocab.py), for the drafters with can_reduce_vocabulary."""
+        from . import reducible
+
+        raise ValueError(f"{self.name} has no draft vocabulary to reduce (only {', '.join(reducible())} do; "
+                         "EAGLE-3's checkpoint carries its own): drop --draft-vocab for it.")
 
     def forget(self) -> None:
         """Drop what was learned from earlier requests (only suffix decoding keeps anything across them)."""

@@ -274,6 +274,8 @@ class DFlashDrafter(Drafter):
             self.heads["lm_head"] = full if self.draft_ids is None else ReducedHead(full, self.draft_ids)
         return self.heads["lm_head"](hidden)  # [.., V]
 
+    can_reduce_vocabulary = True
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the same drafts whenever the argmax is among them."""
         self.draft_ids, self.heads = sorted(ids), {}

@@ -6,7 +6,7 @@ big model checks all k in one pass. The small model keeps its own KV cache.
 Its cache holds only committed tokens plus its own latest drafts, so after
 each round we crop it back to the prefix the target accepted.
 
-Two kinds of draft model need more than a crop (target.py explains both):
+Two kinds of draft model need more than a crop (kv_cache.py explains both):
 
 * sliding-window layers (a Gemma 3 drafting for a bigger Gemma 3): the cache
   is told to keep its past once the committed tokens are in (`record_past`),
@@ -55,7 +55,7 @@ class DraftModelDrafter(Drafter):
         self.tree_base: int | None = None  # after a tree: the committed positions, where the cache is cropped
         self.full_head = None  # the model's own head, once reduce_vocabulary has swapped it
         self.is_target = target is not None and model is target.model  # the target drafting for itself
-        pack_single_rows(model.get_output_embeddings())  # target.py: bf16 on a CPU, one row at a time
+        pack_single_rows(model.get_output_embeddings())  # speedups.py: bf16 on a CPU, one row at a time
         if target is not None:
             check_same_vocabulary(model, target)
 
@@ -68,6 +68,8 @@ class DraftModelDrafter(Drafter):
         from ..checkpoints import find
 
         return load_draft_model(find("draft_model", target.name, draft), target)
+
+    can_reduce_vocabulary = True
 
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the model's own head is swapped for its cut rows."""

@@ -162,6 +162,8 @@ class Gemma4AssistantDrafter(Drafter):
 
         return cls(load_gemma4_assistant(find("gemma4_mtp", target.name, draft), target), target)
 
+    can_reduce_vocabulary = True
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): the assistant's own head is swapped for its cut rows.
 

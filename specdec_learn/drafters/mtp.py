@@ -224,6 +224,8 @@ class MTPDrafter(Drafter):
 
         return cls(load_mtp(find("mtp", target.name, draft), target), target)
 
+    can_reduce_vocabulary = True
+
     def reduce_vocabulary(self, ids) -> None:
         """Score only the tokens `ids` (vocab.py): every step's head is the target's, so one cut head serves all."""
         self.reduced = ReducedHead(self.target.lm_head, sorted(ids))

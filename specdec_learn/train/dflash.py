@@ -295,7 +295,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device=args.device)
+    target = load(args.target, dtype=args.dtype, device=args.device, invariant=False)  # features.py: whole examples
     model, run = train(target, args.layers, args.block_size, args.steps, args.lr, args.budget_min, args.anchors,
                        args.gamma, args.seed, loss_slots=args.loss_slots, work_dir=args.work_dir,
                        data_dir=args.data_dir, progress=not args.no_progress, eval_every=args.eval_every,

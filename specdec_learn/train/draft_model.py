@@ -185,7 +185,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device=args.device)  # only its embedding is read, in fp32
+    target = load(args.target, dtype="fp32", device=args.device, invariant=False)  # only its embedding is read
     student, run = train(target, args.steps, args.batch, args.lr, args.budget_min, work_dir=args.work_dir,
                          data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress, hidden=args.hidden,
                          layers=args.layers, intermediate=3 * args.hidden, eval_every=args.eval_every,

@@ -165,7 +165,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device=args.device)
+    target = load(args.target, dtype=args.dtype, device=args.device, invariant=False)  # features.py: whole examples
     out = Path(args.out or shipped_folder("dspark", target.name))
     if args.init_from and Path(args.init_from).resolve() == out.resolve():
         raise ValueError(f"--init-from {args.init_from} is where this run would write its drafter: give --out "

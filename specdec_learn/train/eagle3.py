@@ -324,7 +324,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype=args.dtype, device=args.device)
+    target = load(args.target, dtype=args.dtype, device=args.device, invariant=False)  # features.py: whole examples
     cfg = TrainConfig(ttt_steps=args.ttt_steps, lr=args.lr, tokens_per_batch=args.tokens_per_batch, steps=args.steps,
                       budget_min=args.budget_min, seed=args.seed,
                       **({"eval_every": args.eval_every} if args.eval_every else {}))

@@ -225,7 +225,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device=args.device)  # the loss runs through the target's fp32 embedding
+    target = load(args.target, dtype="fp32", device=args.device, invariant=False)  # the loss reads its embedding
     student, run = train(target, args.steps, args.depth, args.beta, args.lr, args.anchors, args.hidden_size,
                          args.layers, args.budget_min, work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed,
                          progress=not args.no_progress, eval_every=args.eval_every,

@@ -164,7 +164,7 @@ def add_arguments(p) -> None:
 def cli(args, command: str) -> Path:
     from ..target import load
 
-    target = load(args.target, dtype="fp32", device=args.device)  # the head trains through the target's fp32 layers
+    target = load(args.target, dtype="fp32", device=args.device, invariant=False)  # trains through its fp32 layers
     head, run = train(target, args.steps, args.depth, args.beta, args.lr, args.max_rows, args.budget_min,
                       work_dir=args.work_dir, data_dir=args.data_dir, seed=args.seed, progress=not args.no_progress,
                       eval_every=args.eval_every, templated_share=args.templated_share)
