@@ -73,9 +73,10 @@ def reference(results: Path) -> str:
                 if ks.get(r["method"]) == r["k"] and r.get("tree") is None:
                     cells[r["method"], run["workload"], run["sampling"]] = r
         bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
+        kernels = "" if m.get("row_invariant") else " with torch's own kernels"
         first = runs[0]
         out += [f"`make reference`: {first['num_prompts']} held-out prompts x {first['max_new_tokens']} new tokens "
-                f"per run, {m['dtype']}, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, otherwise idle "
+                f"per run, {m['dtype']}{kernels}, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, otherwise idle "
                 f"(`benchmarks/results/{path.name}`). Cell: speedup over AR in the same run "
                 "(mean acceptance length).", "",
                 "| method | k | " + " | ".join(f"{r['workload']}, {r['sampling']}" for r in runs) + " |",

@@ -290,8 +290,10 @@ class Results:
         workload = f"{Path(c['workload']).stem}, " if c.get("workload") else ""
         # Two CPUs with one name can differ in bf16 instructions, which decide a bf16 run's costs (limits.cpu_has_bf16)
         bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
+        # a CPU run with torch's own kernels (invariant.py): its rows, and so its greedy match, may differ
+        kernels = "" if m.get("row_invariant") or m.get("gpu") else ", torch's own kernels"
         return (f"{n} prompts x {tokens} new tokens ({size}; {workload}{sampling}), "
-                f"{m['dtype']}, {m['cpu']}{bf16}, {m['cores']} cores")
+                f"{m['dtype']}{kernels}, {m['cpu']}{bf16}, {m['cores']} cores")
 
     def table(self, methods: list[str] | dict[str, int] | None = None) -> str:
         """The chain rows as `format_table` prints a live run's, and the label under them.

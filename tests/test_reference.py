@@ -33,8 +33,10 @@ def test_read_reference_gives_each_run_with_its_label_and_table(tmp_path, monkey
     write_reference(tmp_path)
     greedy = read_reference("humaneval", "greedy")
     assert greedy.get("ngram", 3)["speedup"] == 1.3 and read_reference("chat").get("ngram", 3)["speedup"] == 0.9
-    assert greedy.label == ("10 prompts x 128 new tokens (full run; humaneval, greedy), float32, "
-                            "AMD EPYC with bf16 instructions, 2 cores")
+    assert greedy.label == ("10 prompts x 128 new tokens (full run; humaneval, greedy), float32, torch's own "
+                            "kernels, AMD EPYC with bf16 instructions, 2 cores")  # the machine records no row_invariant
+    invariant = bench_module.Results(greedy.path, {**greedy.machine, "row_invariant": True}, greedy.config, greedy.rows)
+    assert "torch's own kernels" not in invariant.label
     assert "(small run; humaneval, temperature 1)" not in read_reference("humaneval", "temperature 1").label
     table = greedy.table({"ar": 0, "ngram": 3}).splitlines()
     assert table[2].startswith("ar") and "1.30x" in table[3] and table[-1].endswith("reference_amd_epyc.json)")
