@@ -128,7 +128,7 @@ class RowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype or x.device.type != "cpu"
-                or torch.is_grad_enabled()):
+                or torch.is_grad_enabled() or x.numel() == 0):
             return super().forward(x)
         if self.packed_version != self.weight._version:  # the first call, or the weight changed in place
             with torch.no_grad():  # [out, in], blocked for a matmul of about 2 rows

@@ -213,7 +213,7 @@ class VllmEngine:
     draft: the drafter's directory or hub id; "target" lets the target draft
         for itself (draft_model only); for eagle3, default: the drafter this
         package ships for the target.
-    dtype: "fp32", "bf16", "fp16"; default fp32 on a CPU, bf16 on a GPU, as
+    dtype: "fp32", "bf16", "fp16", "auto"; default fp32 on a CPU, bf16 on a GPU, as
         for `load`. vLLM would otherwise serve an fp32 checkpoint in 16 bits.
     engine_options: passed to `vllm.LLM` unchanged, e.g. tensor_parallel_size=8,
         gpu_memory_utilization=0.9, max_model_len=4096. On a CPU we default to
