@@ -4,7 +4,7 @@
 unless told `speedups=False`; `Target(model)` leaves a model it is handed as
 it is. On a row-invariant model (invariant.py) both are already covered: its
 linear layers never see one row alone, and its attention keeps K/V heads
-grouped; `speed_up` then changes nothing.
+grouped; `speed_up` then leaves it as it is.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from .invariant import is_row_invariant
+
 
 def speed_up(model) -> None:
-    """Every speed-up below that applies to `model` (on a CPU)."""
+    """Every speed-up below that applies to `model` (on a CPU); none for a row-invariant one, which has both."""
+    if is_row_invariant(model):
+        return
     pack_single_rows(model.get_output_embeddings())
     attend_grouped_heads(model)
 
