@@ -141,7 +141,7 @@ def test_results_label_says_whether_the_cpu_has_bf16_instructions(tmp_path):
 
     from specdec_learn.bench import read_results
 
-    machine = {"dtype": "bfloat16", "cpu": "AMD EPYC", "cores": 2}
+    machine = {"dtype": "bfloat16", "cpu": "AMD EPYC", "cores": 2, "row_invariant": True}  # the kernels: test_reference
     labels = []
     for bf16 in ("absent", True, False, None):
         path = tmp_path / f"{bf16}.json"
