@@ -38,6 +38,7 @@ from specdec_learn.bench import bench, format_table, machine_info
 from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.limits import ar_ceiling, predicted_speedup, read_bandwidth, weight_bytes
 from specdec_learn.workloads import load_workload
+from tables import markdown_summary  # benchmarks/tables.py: the README's table of this run
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -115,30 +116,6 @@ def main() -> None:
     figures(all_records, out.with_suffix(""), results["machine"])
     print("\n" + markdown_summary(results))
     print(f"\nwritten {out} and figures in {results['minutes']:.1f} min")
-
-
-def markdown_summary(results: dict) -> str:
-    """Each method at its best k per workload: speedup (mean acceptance length, k), as the README shows it."""
-    workloads = list(results["workloads"])
-    methods = list(dict.fromkeys(r["method"] for w in workloads for r in results["workloads"][w]["runs"][1:]))
-    lines = ["| method | " + " | ".join(workloads) + " |", "|---" * (len(workloads) + 1) + "|"]
-    for m in methods:
-        cells = []
-        for w in workloads:
-            runs = [r for r in results["workloads"][w]["runs"] if r["method"] == m]
-            best = max(runs, key=lambda r: r["speedup"], default=None)
-            cells.append("–" if best is None else
-                         f"{best['speedup']:.2f}× ({best['mean_acceptance_length']:.2f}, k={best['k']})")
-        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
-    ar = [results["workloads"][w]["runs"][0]["tok_per_s"] for w in workloads]
-    hf = [results["workloads"][w]["hf_generate"] for w in workloads]
-    lines.append("| our AR, tok/s (share of the ceiling) | " + " | ".join(
-        f"{a:.1f} ({a / results['ar_ceiling_tok_per_s']:.0%})" for a in ar) + " |")
-    lines.append("| our AR / HF `generate` | " + " | ".join(f"{h['plain']['our_ar_over_it']:.2f}×" for h in hf) + " |")
-    assisted = next(name for name in hf[0] if name.startswith("assistant_model"))
-    lines.append(f"| our AR / HF `generate(assistant_model=` our draft, k={assisted.rsplit('k', 1)[1]}`)` | "
-                 + " | ".join(f"{h[assisted]['our_ar_over_it']:.2f}×" for h in hf) + " |")
-    return "\n".join(lines)
 
 
 def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assistant_k: int = 2) -> dict:

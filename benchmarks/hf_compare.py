@@ -13,8 +13,7 @@ max_matching_ngram_size=2), so they differ in code, not in settings. HF runs
 `target.model`, the very model ours runs, so its multi-row passes use the same
 attention function and linear layers (on a CPU, `load`'s row-invariant ones,
 invariant.py). This is a
-benchmark, not a test: it prints ratios and writes a JSON file; the README
-records the figures with the machine.
+benchmark, not a test: it prints ratios and writes a JSON file with the machine.
 """
 
 from __future__ import annotations

