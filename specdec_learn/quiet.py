@@ -4,10 +4,11 @@ A speedup is a ratio of two timings taken in one run, so a machine that
 slows down evenly changes neither; but a second process on a 2-core machine
 takes a core for seconds at a time, and whichever run met it looks slow. The
 kernel counts every CPU's busy time (/proc/stat) and every process's own
-(getrusage): the busy time that was not ours, over the run's wall time and
-the cores, is what others took. A run where they took more than OTHERS_LIMIT
-is flagged as disturbed in its results file, and a disturbed run cannot
-become a reference result (benchmarks/reference.py).
+(getrusage, and /proc/<pid>/stat for the processes we started that still
+run, such as a vLLM engine's worker): the busy time that was not ours, over
+the run's wall time and the cores, is what others took. A run where they
+took more than OTHERS_LIMIT is flagged as disturbed in its results file, and
+a disturbed run cannot become a reference result (benchmarks/reference.py).
 
 Linux only; elsewhere the share is unknown (None) and nothing is flagged.
 """
@@ -26,13 +27,44 @@ OTHERS_LIMIT = 0.10  # of all cores: more than this, taken by other processes, a
 class Snapshot:
     wall: float  # s, monotonic
     busy: float | None  # s of CPU time, all cores, all processes (None: no /proc/stat)
-    ours: float  # s of CPU time, this process's threads and its finished children's
+    ours: float  # s of CPU time, this process's threads and its children's, finished or running
 
 
 def snapshot() -> Snapshot:
-    """Now: the wall clock, all CPUs' busy time, and ours (with our finished children's: a notebook's kernel)."""
+    """Now: the wall clock, all CPUs' busy time, and ours (with our children's: a notebook's kernel, vLLM's worker)."""
     ours = sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
-    return Snapshot(time.monotonic(), busy_seconds(), ours)
+    return Snapshot(time.monotonic(), busy_seconds(), ours + running_children_seconds())
+
+
+def running_children_seconds() -> float:
+    """CPU time of the processes we started that still run, and of their own finished children (0.0 without /proc).
+
+    A finished child that we waited for is in getrusage's RUSAGE_CHILDREN already; a running one is not.
+    """
+    parent, seconds = {}, {}
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on: the name may hold spaces
+        parent[pid] = int(fields[1])
+        seconds[pid] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime, in clock ticks
+    ours, total = {os.getpid()}, 0
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                total += seconds[pid]
+                grew = True
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def busy_seconds() -> float | None:

@@ -7,6 +7,7 @@ that a synthetic load (busy processes on every core) gets a run flagged.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,15 +35,48 @@ def test_others_share_is_the_busy_time_that_was_not_ours():
     assert quiet.conditions(before, unknown) == {"seconds": 2.0, "others_cpu_share": None, "disturbed": False}
 
 
+# A busy process that is not ours: started through a child that exits at once, so it belongs to no one here.
+# It lets go of the pipe its pid came through, or reading that pipe would wait for it forever.
+DETACHED = """import os
+pid = os.fork()
+if pid:
+    print(pid, flush=True)
+    os._exit(0)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+while True:
+    pass
+"""
+
+
 @pytest.fixture
 def load():
-    """Busy processes on every core while the test runs."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    time.sleep(0.3)
-    yield
-    for p in busy:
-        p.kill()
-        p.wait()
+    """Busy processes on every core while the test runs, none of them ours."""
+    pids = []
+    try:
+        for _ in range(os.cpu_count() or 1):
+            started = subprocess.run([sys.executable, "-c", DETACHED], capture_output=True, text=True, timeout=30)
+            pids.append(int(started.stdout))
+        time.sleep(0.3)
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@linux
+def test_a_running_child_is_ours_not_another_process():
+    before = quiet.snapshot()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+    time.sleep(0.9)
+    during = quiet.snapshot()  # the child still runs: its second of CPU time is in `ours` already
+    child.wait()
+    assert during.ours - before.ours > 0.5
 
 
 @linux
