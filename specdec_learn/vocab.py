@@ -3,8 +3,8 @@
 A drafter that borrows the target's LM head scores all V tokens at every
 drafted slot: for SmolLM2 that is a [576 x 49,152] matrix, 57 MB in bf16,
 read at every head call. On a CPU a matmul with a few rows is bound by
-reading its weights: ~2 ms a call here, against 40-50 ms for a whole target
-step. For a small drafter that is most of its own work (chapter 4 counts the
+reading its weights, so the head costs about what its share of the weights
+says. For a small drafter that is most of its own work (chapter 4 counts the
 head as 87 % of an MTP step's weights), so it shows in c, the draft cost per
 token that `specdec bench` reports.
 

@@ -43,7 +43,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # the same norm as the draft layer's
 
 from ..formats.io import load_strict
-from ..formats.speculators import Eagle3Config, eagle3_config_for, eagle3_layer_attention, read_eagle3, write_eagle3
+from ..formats.speculators import (Eagle3Config, check_target, eagle3_config_for, eagle3_layer_attention,
+                                   read_eagle3, write_eagle3)
 from ..sampling import probabilities, sample
 from ..tree import ancestor_mask, dynamic_tree
 from .base import Drafter, Proposal, grouped_attention, rotate
@@ -252,7 +253,7 @@ class Eagle3Drafter(Drafter):
 
     def _attach(self, target) -> None:
         """Refuse a target the model was not made for; borrow its embedding if the checkpoint has none."""
-        check_compatible(self.model.config, target)
+        check_target(self.model.config, target)
         self.model.borrow_embedding(target)
 
     def start(self, target, state, hidden) -> None:
@@ -353,24 +354,6 @@ class Eagle3Drafter(Drafter):
         self.pending = [torch.cat([p, hidden[t]]) for p, t in zip(self.pending, self.taps)]
 
 
-def check_compatible(cfg: Eagle3Config, target) -> None:
-    """Refuse a drafter made for another target, naming both numbers."""
-    h_target = cfg.target_hidden_size or cfg.hidden_size
-    if h_target != target.hidden_size:
-        raise ValueError(
-            f"The EAGLE-3 drafter expects target hidden size {h_target} but the target's is {target.hidden_size}: "
-            "this drafter was trained for a different target model."
-        )
-    if cfg.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"The EAGLE-3 drafter's vocabulary has {cfg.vocab_size} tokens but the target's has {target.vocab_size}: "
-            "this drafter was trained for a different target model."
-        )
-    bad = [t for t in cfg.aux_layer_ids if not 0 <= t <= target.num_layers]
-    if bad:
-        raise ValueError(f"EAGLE-3 taps {bad} are outside 0..{target.num_layers} for a {target.num_layers}-layer target.")
-
-
 # --- load and save (the format itself: formats/speculators.py) ------------------------
 
 
@@ -383,7 +366,7 @@ def load_eagle3(path, target=None, dtype=None, device=None) -> Eagle3Model:
                              "so the default (2, L//2, L-3) can be used.")
         cfg.aux_layer_ids = default_taps(target.num_layers)
     if target is not None:
-        check_compatible(cfg, target)
+        check_target(cfg, target)
     model = Eagle3Model(cfg)
     if "embed_tokens.weight" in tensors:
         model.embed_tokens = nn.Embedding(*tensors["embed_tokens.weight"].shape)

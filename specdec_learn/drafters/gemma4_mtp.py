@@ -53,22 +53,11 @@ match vLLM (``v1/spec_decode/gemma4.py``, ``llm_base_proposer.py``,
   (and leaves the outside tokens at min - 1).
 
 Greedy output is the target's either way (the verifier decides); acceptance
-is what changes. Measured on the shipped assistant (trained with queries at
-p, train/gemma4_mtp.py) with the real SmolLM2-135M target, fp32, greedy,
-k = 3, 48 new tokens, the first 3 held-out prompts of humaneval, math, chat
-and edits (12 prompts), Intel Xeon (lscpu "Intel(R) Xeon(R) Processor"),
-2 threads on a shared machine:
-
-    position        draft acceptance rate   mean acceptance length   rounds
-    p-1 (vLLM)      0.202 (201 / 996)       1.593                    339
-    p   (HF)        0.209 (205 / 982)       1.612                    335
-
-The assistant loses 0.7 points of acceptance under the vLLM rule it was not
-trained for (the draft distributions move, top-1 mostly not): small, but a
-reason to train it at p-1 (train/gemma4_mtp.py), where vLLM will query it.
-
-(``final_logit_softcapping`` is unset in this assistant: the third rule
-does not change these numbers.)
+is what changes: the shipped assistant, trained with queries at p
+(train/gemma4_mtp.py), accepts slightly less under the vLLM rule it was not
+trained for (the draft distributions move, top-1 mostly not), a reason to
+train it at p-1, where vLLM will query it. ``final_logit_softcapping`` is
+unset in this assistant, so the third rule changes nothing for it.
 
 The assistant network itself is transformers' ``Gemma4AssistantForCausalLM``
 (the published format loads with `load_gemma4_assistant`); this file is the

@@ -236,6 +236,24 @@ def check_vocab_map(tensors: dict[str, torch.Tensor], cfg: Eagle3Config, path) -
                              "the checkpoint is damaged.")
 
 
+def check_target(cfg: Eagle3Config, target) -> None:
+    """Refuse an EAGLE-3 checkpoint made for another target (hidden size, vocabulary, taps), naming both numbers."""
+    h_target = cfg.target_hidden_size or cfg.hidden_size
+    if h_target != target.hidden_size:
+        raise ValueError(
+            f"The EAGLE-3 drafter expects target hidden size {h_target} but the target's is {target.hidden_size}: "
+            "this drafter was trained for a different target model."
+        )
+    if cfg.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"The EAGLE-3 drafter's vocabulary has {cfg.vocab_size} tokens but the target's has {target.vocab_size}: "
+            "this drafter was trained for a different target model."
+        )
+    bad = [t for t in cfg.aux_layer_ids if not 0 <= t <= target.num_layers]
+    if bad:
+        raise ValueError(f"EAGLE-3 taps {bad} are outside 0..{target.num_layers} for a {target.num_layers}-layer target.")
+
+
 def write_eagle3(cfg: Eagle3Config, tensors: dict[str, torch.Tensor], path, dtype=torch.bfloat16,
                  verifier: str | None = None) -> Path:
     """Write an EAGLE-3 drafter in the speculators format (loadable by vLLM's `eagle3` method)."""

@@ -359,8 +359,8 @@ def build(args) -> int:
     settings = Settings(args.target, args.max_new_tokens, args.temperature, args.seed, f"vllm-{args.dtype}")
     path = target_dir(args.target, args.root) / "prompts" / "magpie.jsonl"
     # Magpie samples come from the engine's seeded stream, which restarts with the engine: a rerun seeded as
-    # the last one would sample the requests it already kept, find nothing new and stop as "saturated" (it
-    # did, 2026-12-01). Offsetting the seed by the requests kept so far continues the stream instead. Greedy
+    # the last one would sample the requests it already kept, find nothing new and stop as "saturated".
+    # Offsetting the seed by the requests kept so far continues the stream instead. Greedy
     # answers do not depend on it.
     stream_seed = args.seed + len(magpie.read_prompts(path))
     engine = open_engine(args.target, args.dtype, stream_seed, args.batch_size)

@@ -52,8 +52,8 @@ class TrainConfig:
     eval_every: int = 150  # a held-out pass costs about a tenth of 150 steps
     save_every: int = 50
     seed: int = 0
-    # bf16 matmuls (weights and AdamW stay fp32): ~1.8x faster on a CPU with AMX, several times slower on one
-    # without bf16 instructions; None: on where the device has them (`bf16_is_native`)
+    # bf16 matmuls (weights and AdamW stay fp32): faster on a CPU with AMX, several times slower on one without
+    # bf16 instructions, where torch emulates them; None: on where the device has them (`bf16_is_native`)
     autocast_bf16: bool | None = None
 
 
@@ -258,8 +258,7 @@ def bf16_is_native(device) -> bool:
     """A GPU, or a CPU with bf16 instructions (AVX512-BF16 or AMX, read from /proc/cpuinfo).
 
     Elsewhere (AVX2 laptops, Apple silicon, many AMD servers) torch emulates bf16
-    matmuls: chapter 11's quick EAGLE-3 run (20 steps, 1 thread, nbval's timing
-    of the cell) took 79 s with autocast on an AMD EPYC with AVX2 and 7 s without.
+    matmuls, and autocast makes training several times slower, not faster.
     """
     return device.type != "cpu" or cpu_has_bf16() is True  # None: not known, so not assumed
 

@@ -41,30 +41,16 @@ from . import job
 # method -> its `specdec train` flags. The order is the order of the runs: EAGLE-3 first (the method with the most to
 # gain), the draft model last.
 #
-# What a step costs (Intel Xeon, 2 cores, idle, the committed corpus, features computed on demand):
-#   eagle3       ~2.1 s: the target's bf16 forward (~1,430 tokens/s, ~0.6 s) and the drafter's own step (~1.35 s);
-#                2026-12-02's estimate of 5.1-5.5 s assumed a forward at ~480 tokens/s
-#   dflash       ~1.6 s: one example, 64 anchors, loss on slots 1..7 (one target forward serves 64 blocks)
-#   dspark       ~1.15 s (6,000 steps in 116 min, niced, held-out passes included); the same examples and anchors as
-#                DFlash
-#   mtp          0.73 s (4,000 steps in 49 min, held-out capture included)
-#   gemma4_mtp   0.59-0.62 s (2,000 steps in 20 min, 6,000 in 62)
-#   draft_model  ~1.8 s (~4 s on an AMD EPYC with AVX2 and no bf16 instructions, where capturing bf16 taps also ran
-#                ~9x slower)
-# The whole plan is ~8 CPU-hours at these rates, several sessions: `start --methods` picks which runs go first. On a
-# GPU (`--device cuda`, passed to every run) it is minutes: on one NVIDIA H200 (2026-12-04) the five tapped runs went
-# side by side in 4.5-5.5 minutes each, EAGLE-3 in 9.8 over two calls (benchmarks/results/retrain/*-h200.recipe.json).
+# A step costs about 0.6-2 s on 2 CPU cores with bf16 instructions (the target's forward for the tapped methods,
+# the drafter's own step), so the whole plan is hours of CPU, over several sessions: `start --methods` picks which
+# runs go first. On a GPU (`--device cuda`, passed to every run) each run takes minutes. Each run's recipe.json
+# records its machine and wall time (benchmarks/results/retrain/).
 #
 # Why every run draws half its answers from the templated prompts (`--templated-share 0.5`; the workloads' kinds of
-# request, 8 % of the corpus): drawn uniformly, DFlash, the draft model, EAGLE-3 and the assistant learned more of the
-# corpus's held-out answers and no more of the benchmark's kinds; with half their draws templated, each replaced the
-# drafter before it (EAGLE-3 by a little: more at k = 3 and 4, 2 % less at k = 2; benchmarks/results/retrain/,
-# chapter 11). The share of the text a drafter is served is a recipe choice, not a detail.
-#
-# Why the assistant and DSpark have 6,000 steps: their curves were still rising at 2,000 and 3,000. Given 6,000
-# (2026-12-05), at k = 2 / 3 / 4 the assistant accepted 1.76 / 1.85 / 1.89 tokens a round against 1.58 / 1.60 / 1.60
-# (assistant_6000_vs_2000_bf16.json), DSpark 1.63 / 1.72 / 1.75 against 1.51 / 1.55 / 1.59
-# (dspark_6000_vs_3000_bf16.json). Each shipped drafter's README has the run that made it.
+# request, 8 % of the corpus): drawn uniformly, a drafter learns more of the corpus's held-out answers and no more of
+# the benchmark's kinds. Why the assistant and DSpark have 6,000 steps: their held-out curves were still rising at
+# 2,000 and 3,000. The runs that measured each choice are under benchmarks/results/retrain/; each shipped drafter's
+# README names its own.
 PLAN: dict[str, list[str]] = {
     "eagle3": ["--dtype", "bf16", "--draft-vocab", "4096", "--ttt-steps", "4", "--templated-share", "0.5",
                "--steps", "3000", "--eval-every", "250"],
