@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -44,6 +43,8 @@ from specdec_learn.limits import machine_info
 from specdec_learn.models import resolve_dtype
 from specdec_learn.kv_cache import crop_cache
 from specdec_learn.workloads import load_workload
+
+from reference import slug  # benchmarks/reference.py: one file-name part per machine
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK_K = {"ngram": 3, "suffix": 5, "draft_model": 2, "eagle3": 3, "mtp": 2, "gemma4_mtp": 3, "dflash": 7,
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     for dtype in dict.fromkeys(dtypes):
         results.append(run(dtype, prompts, args.max_new_tokens, args.repeats))
         report(results[-1])
-    cpu = re.sub(r"[^a-z0-9]+", "_", results[0]["machine"]["cpu"].lower()).strip("_")
+    cpu = slug(results[0]["machine"]["cpu"])  # the machine's name as the reference run's file has it
     out = Path(args.json or ROOT / "benchmarks" / "results" / f"row_invariance_{cpu}.json")
     config = {"num_prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "workload": "mixed",
               "prompt_ids": [p.id for p in prompts], "book_k": BOOK_K, "tree": vars(TREE), "rows": list(ROWS),
