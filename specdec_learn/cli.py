@@ -293,7 +293,8 @@ def _add_train_parser(sub, with_trainers: bool = True) -> None:
     d = methods.add_parser("data", help="let the target answer the training prompts (the dataset every drafter reads)",
                            allow_abbrev=False)
     d.add_argument("--target", default="smollm2-135m", help="embedded name, local HF directory or hub id")
-    d.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16", help="the target's dtype")
+    d.add_argument("--dtype", choices=["bf16", "fp32", "fp16", "auto"], default="bf16",
+                   help="the target's dtype (auto: what the device runs best)")
     d.add_argument("--device", default=None, help="cpu or cuda; default: GPU if present")
     d.add_argument("--data-dir", default=None, help="default: $SPECDEC_CACHE/data/<target>")
     d.add_argument("--budget-min", type=float, default=None, help="stop after this many minutes (run again to go on)")

@@ -107,7 +107,7 @@ def test_train_data_names_the_committed_corpus_instead_of_writing_into_it(tmp_pa
 
     folder = corpus.store_dir(corpus.Settings())
     before = sorted(p.name for p in folder.iterdir())
-    assert main(["train", "data", "--target", "smollm2-135m"]) == 0
+    assert main(["train", "data", "--target", "smollm2-135m", "--dtype", "auto"]) == 0
     out = capsys.readouterr().out
     assert f"committed corpus in {folder}" in out and "specdec_learn.train.corpus start" in out
     assert sorted(p.name for p in folder.iterdir()) == before
