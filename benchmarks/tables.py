@@ -19,6 +19,17 @@ DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / 
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w:-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
+def _cpu(m: dict) -> str:
+    """A results file's machine in words: the CPU, and whether it has bf16 instructions where that is known."""
+    bf16 = {True: " (bf16 instructions)", False: " (no bf16 instructions)"}.get(m.get("cpu_bf16"), "")
+    return f"{m['cpu']}{bf16}"
+
+
+def _kernels(m: dict) -> str:
+    """', torch's own kernels' for a CPU run whose rows were not computed alike (invariant.py), as bench's labels say."""
+    return "" if m.get("row_invariant") or m.get("gpu") else ", torch's own kernels"
+
+
 def ci_times(results: Path) -> str:
     """The last committed CI run: each step's time and each pytest call's, with its machine."""
     run = json.loads((results / "ci" / "ci_run.json").read_text())
@@ -73,11 +84,9 @@ def reference(results: Path) -> str:
             for r in run["results"]:
                 if ks.get(r["method"]) == r["k"] and r.get("tree") is None:
                     cells[r["method"], run["workload"], run["sampling"]] = r
-        bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
-        kernels = "" if m.get("row_invariant") else " with torch's own kernels"
         first = runs[0]
         out += [f"`make reference`: {first['num_prompts']} held-out prompts x {first['max_new_tokens']} new tokens "
-                f"per run, {m['dtype']}{kernels}, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, otherwise idle "
+                f"per run, {m['dtype']}{_kernels(m)}, batch 1; {_cpu(m)}, {m['cores']} cores, otherwise idle "
                 f"(`benchmarks/results/{path.name}`). Cell: speedup over AR in the same run "
                 "(mean acceptance length).", "",
                 "| method | k | " + " | ".join(f"{r['workload']}, {r['sampling']}" for r in runs) + " |",
@@ -104,11 +113,10 @@ def row_invariance(results: Path) -> str:
         data = json.loads(path.read_text())
         c = data["config"]
         m = data["runs"][0]["machine"]
-        bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
         disturbed = [r["dtype"] for r in data["runs"] if (r["conditions"] or {}).get("disturbed")
                      or (r["methods_conditions"] or {}).get("disturbed")]
         out += [f"`make row-invariance`: {c['num_prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, "
-                f"greedy, batch 1; {m['cpu']} ({bf16}), {m['cores']} cores, "
+                f"greedy, batch 1; {_cpu(m)}, {m['cores']} cores, "
                 + (f"disturbed ({', '.join(disturbed)})" if disturbed else "otherwise idle")
                 + f" (`benchmarks/results/{path.name}`). Plain decoding's tok/s with rows computed alike, and "
                 "the others as a ratio of it; a verify pass over n rows in one-row passes; the lowest greedy "
@@ -214,11 +222,9 @@ def all_methods(results: Path) -> str:
     """benchmarks/all_methods.py: each method at its best k per workload, and HF generate beside our AR."""
     data = json.loads((results / "all_methods.json").read_text())
     m, c = data["machine"], data["config"]
-    bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
-    kernels = "" if m.get("row_invariant") else ", torch's own kernels"
     return (f"`make benchmarks`: {c['prompts']} held-out prompts per workload (edits: {c['edit_functions']} "
-            f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{kernels}, "
-            f"batch 1; {m['cpu']} ({bf16}), {m['cores']} cores (`benchmarks/results/all_methods.json`). Cell: "
+            f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{_kernels(m)}, "
+            f"batch 1; {_cpu(m)}, {m['cores']} cores (`benchmarks/results/all_methods.json`). Cell: "
             "the best speedup over our AR in the same run (mean acceptance length, k).\n\n"
             + markdown_summary(data) + "\n")
 
@@ -228,14 +234,13 @@ def vllm_compare(results: Path) -> str:
     data = json.loads((results / "vllm_compare.json").read_text())
     m, c, tps, ratios = data["machine"], data["config"], data["tok_per_s"], data["ratios"]
     batches = [int(b) for b in str(c["batches"]).split(",")]
-    bf16 = {True: " (bf16 instructions)", False: " (no bf16 instructions)"}.get(m.get("cpu_bf16"), "")
     quietness = {True: "disturbed", False: "otherwise idle"}.get((data.get("conditions") or {}).get("disturbed"),
                                                                  "quietness not recorded")
     best = {b: max((n for n in tps if n.startswith("vLLM") and " ar " not in n and n.endswith(f"b={b}")),
                    key=tps.get) for b in batches}
     ours = max((n for n in tps if n.startswith("ours") and " ar " not in n), key=tps.get)
     lines = [f"`make vllm-compare`: {c['prompts']} held-out HumanEval prompts x {c['max_new_tokens']} new tokens, "
-             f"greedy, {m['dtype']}; {m['cpu']}{bf16}, {m['cores']} cores, {quietness} "
+             f"greedy, {m['dtype']}; {_cpu(m)}, {m['cores']} cores, {quietness} "
              f"(`benchmarks/results/vllm_compare.json`). Our loop decodes at batch 1: AR {tps['ours ar k=0']:.1f} "
              f"tok/s, its best {ours.split(' ', 1)[1]} {tps[ours]:.1f} tok/s.", "",
              "| | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches),
@@ -253,10 +258,9 @@ def dspark_markov_cut(results: Path) -> str:
     """benchmarks/dspark_markov_cut.py: DSpark's Markov bias over the draft vocabulary's rows only, or all."""
     data = json.loads((results / "dspark_markov_cut.json").read_text())
     m, c = data["machine"], data["config"]
-    bf16 = "bf16 instructions" if m.get("cpu_bf16") else "no bf16 instructions"
     lines = [f"`python benchmarks/dspark_markov_cut.py`: the shipped DSpark, k = {c['k']}, {c['draft_vocab']:,} tokens, "
              f"{c['prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, greedy, the same drafts both "
-             f"ways; {m['cpu']} ({bf16}), {m['cores']} cores (`benchmarks/results/dspark_markov_cut.json`).", "",
+             f"ways; {_cpu(m)}, {m['cores']} cores (`benchmarks/results/dspark_markov_cut.json`).", "",
              "| dtype | AR step, ms | drafted token, ms: cut / whole | c: cut / whole |", "|---|---:|---:|---:|"]
     for r in data["results"].values():
         cut, whole = r["cut"], r["whole"]
