@@ -1,11 +1,17 @@
 """Shared fixtures.
 
-`target` is the real embedded model (SmolLM2-135M-Instruct) in fp32, loaded
-once per session: exactness is tested in fp32, where a bigger batch of rows
-cannot flip an argmax. Tiny random models stand in where a test needs a model
-that is cheap or deliberately bad.
+`target` is the real embedded model (SmolLM2-135M-Instruct), loaded once per
+session in the dtype this CPU runs fastest (`dtype="auto"`: bf16 where it has
+bf16 instructions, else fp32). Its rows are computed alike (invariant.py), so
+speculation must equal plain decoding to the bit in either dtype.
+`target_fp32` is the same model in fp32, for the tests whose reference lies
+outside the library (HF generate, a full forward, vLLM): there the two sides
+sum in different orders, and only fp32 keeps the difference below a tie.
+Tiny random models stand in where a test needs a model that is cheap or
+deliberately bad.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -15,13 +21,26 @@ import pytest
 import torch
 
 import specdec_learn as sd
+from specdec_learn.models import resolve_dtype
 from specdec_learn.workloads import load_workload
+
+
+@functools.cache
+def embedded_target(dtype: torch.dtype):
+    """The embedded model in `dtype`, loaded once per worker (so `target` and `target_fp32` are one where the
+    fast dtype is fp32)."""
+    torch.manual_seed(0)
+    return sd.load("smollm2-135m", dtype=dtype, device="cpu")
 
 
 @pytest.fixture(scope="session")
 def target():
-    torch.manual_seed(0)
-    return sd.load("smollm2-135m", dtype="fp32", device="cpu")
+    return embedded_target(resolve_dtype("auto", "cpu"))
+
+
+@pytest.fixture(scope="session")
+def target_fp32():
+    return embedded_target(torch.float32)
 
 
 # Parity tests decode MAX_NEW tokens of each real prompt and compare with AR token for token.
@@ -92,6 +111,12 @@ def _threads():
 def ar_greedy(target, real_prompts):
     """Plain greedy decoding of `real_prompts`, MAX_NEW tokens each: the reference for parity tests."""
     return cached_ar(target, real_prompts, MAX_NEW)
+
+
+@pytest.fixture(scope="session")
+def ar_greedy_fp32(target_fp32, real_prompts):
+    """`ar_greedy` of `target_fp32`."""
+    return cached_ar(target_fp32, real_prompts, MAX_NEW)
 
 
 def library_digest() -> str:

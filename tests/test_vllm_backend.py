@@ -31,9 +31,15 @@ SHIPPED_EAGLE3 = Path(sd.__file__).parent / "checkpoints" / "eagle3-smollm2-135m
 
 
 @pytest.fixture(scope="module")
-def ar_outputs(ar_greedy):
+def target(target_fp32):
+    """Our side in fp32, as vLLM's: two implementations agree token for token only where ties are rare."""
+    return target_fp32
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(ar_greedy_fp32):
     """Our loop's plain greedy decoding of `real_prompts`, MAX_NEW tokens each (conftest)."""
-    return ar_greedy
+    return ar_greedy_fp32
 
 
 @pytest.fixture(scope="module")

@@ -74,12 +74,14 @@ VOCAB_PROMPTS = (2, 9)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", REDUCIBLE)
-def test_greedy_with_a_reduced_vocabulary_equals_plain_decoding(target, real_prompts, ar_greedy, method):
+def test_greedy_with_a_reduced_vocabulary_equals_plain_decoding(target_fp32, real_prompts, ar_greedy_fp32, method):
     """fp32: a drafter scoring 2,048 tokens drafts differently, and the output is still AR's; EOS is always in the
-    reduced vocabulary, so the drafter still proposes the end of the answer."""
+    reduced vocabulary, so the drafter still proposes the end of the answer (on these prompts in fp32; in bf16
+    the draft model misses that one token)."""
+    target = target_fp32
     drafter = make_drafter(method, target, draft_vocab=2048)
     total, kept = sd.Stats(), []
-    for prompt, ar in [(real_prompts[i], ar_greedy[i]) for i in VOCAB_PROMPTS]:
+    for prompt, ar in [(real_prompts[i], ar_greedy_fp32[i]) for i in VOCAB_PROMPTS]:
         out = sd.generate(target, prompt, drafter, k=3, max_new_tokens=MAX_NEW, keep_trace=True)
         assert out.tokens == ar.tokens, f"{method} with a reduced vocabulary differs from AR on {prompt[:40]!r}"
         total, kept = total + out.stats, kept + [t for r in out.trace for t in r.drafts[: r.accepted]]
