@@ -55,7 +55,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..formats import mtp as names
-from ..formats.io import read_config
+from ..formats.io import load_strict, read_config
 from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
 from ..compat import cache_arg, cached_length
@@ -346,16 +346,8 @@ def load_mtp(checkpoint_dir, target) -> MTPHead:
         )
     head = MTPHead(target, n, layout)
     ours = names.from_checkpoint(tensors, layout, target.num_layers)
-    try:
-        missing, unexpected = head.load_state_dict(ours, strict=False)
-        problem = f"missing: {sorted(missing)[:8]}; unexpected: {sorted(unexpected)[:8]}"
-    except RuntimeError as err:  # a shape mismatch
-        missing, unexpected, problem = True, (), str(err).splitlines()[-1].strip()
-    if missing or unexpected:
-        raise ValueError(
-            f"The MTP weights do not match an MTP head of this target ({layout} layout): {problem}. "
-            "Check that the checkpoint directory belongs to this target."
-        )
+    load_strict(head, ours, f"The MTP weights in {checkpoint_dir} do not match an MTP head of this target "
+                f"({layout} layout; does the directory belong to this target?)")
     head.chain_depth = read_config(checkpoint_dir).get("mtp_chain_depth")
     return head.to(device=target.device, dtype=target.dtype).eval()
 
