@@ -1,9 +1,9 @@
 """Lossless on the real model: plain decoding equals HF generate, and n-gram drafting equals plain decoding.
 
-The pattern of HF's `test_assisted_decoding_matches_greedy_search`, on real prompts in the CPU's fast dtype (HF generate in fp32). Here the
-text decides how much of each block n-gram lookup keeps, so it runs on all ten prompts (conftest);
-drafters that are never or always right, and n-gram at other k, run on a tiny target in
-test_lossless_tiny.py, the shipped drafters in test_shipped.py.
+The pattern of HF's `test_assisted_decoding_matches_greedy_search`, on real prompts in the CPU's fast
+dtype (HF generate in fp32). Here the text decides how much of each block n-gram lookup keeps, so it
+runs on all ten prompts (conftest); drafters that are never or always right, and n-gram at other k,
+run on a tiny target in test_lossless_tiny.py, the shipped drafters in test_shipped.py.
 """
 
 import torch
