@@ -249,3 +249,19 @@ def test_a_centroid_assistant_refuses_a_draft_vocabulary():
     target, assistant = tiny_gemma4_pair(ordered_embeddings=True)
     with pytest.raises(ValueError, match="top centroids.*drop --draft-vocab"):
         Gemma4AssistantDrafter(assistant, target).reduce_vocabulary(range(64))
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
+def test_a_fresh_learned_drafter_for_a_gemma4_target_takes_its_full_attention_heads(method):
+    """Gemma 4's full-attention layers have larger heads than its sliding ones, so transformers refuses to read one
+    `head_dim` off its config: a fresh drafter copies the full-attention layers' (as it does their RoPE)."""
+    from conftest import learned_drafter
+
+    target, _ = tiny_gemma4_pair(False)
+    drafter = learned_drafter(method, target)
+    model = drafter.model
+    head_dim = model.layers[0].head_dim if method == "eagle3" else model.config.head_dim
+    assert head_dim == 32  # global_head_dim; the sliding layers' heads are 16
+    prompt = list(range(3, 40))
+    ar = sd.generate(target, prompt, max_new_tokens=12)
+    assert sd.generate(target, prompt, drafter, k=3, max_new_tokens=12).tokens == ar.tokens

@@ -64,7 +64,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-from ..formats.io import full_attention_rope, load_strict
+from ..formats.io import full_attention_head_dim, full_attention_rope, load_strict
 from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from ..tree import best_first, top_candidates
@@ -208,7 +208,7 @@ def draft_config(target, num_layers: int = 1, block_size: int = 16, num_taps: in
         vocab_size=target.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=t.num_attention_heads,
         num_key_value_heads=t.num_key_value_heads,
-        head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        head_dim=full_attention_head_dim(t),
         rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
         rope_parameters=full_attention_rope(t),
         tie_word_embeddings=False,

@@ -103,6 +103,20 @@ def full_attention_rope(config) -> dict:
     return rope
 
 
+def full_attention_head_dim(config) -> int:
+    """The head size of a target's full-attention layers, which a drafter's layer copies (as its RoPE).
+
+    Gemma 4 gives its full-attention layers larger heads than its sliding ones;
+    transformers then makes ``head_dim`` a per-layer attribute and refuses to read
+    it from the whole config, so it is read from the first full-attention layer.
+    """
+    if getattr(config, "is_heterogeneous", False) and "head_dim" in (config.per_layer_attributes or ()):
+        types = getattr(config, "layer_types", None) or []
+        layer = types.index("full_attention") if "full_attention" in types else 0
+        return config.per_layer_config[layer].head_dim
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def cpu_tensors(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies, floats cast to `dtype` (None keeps each tensor's own), as safetensors wants."""
     return {name: t.detach().to("cpu", dtype if (dtype is not None and t.is_floating_point()) else t.dtype)

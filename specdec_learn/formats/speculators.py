@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 
 from .deepspec import HEAD_KEYS, head_fields, read_heads
-from .io import full_attention_rope, qwen3_config, read_config, read_weights, write_folder
+from .io import full_attention_head_dim, full_attention_rope, qwen3_config, read_config, read_weights, write_folder
 
 LAYER_TYPES = ("llama", "qwen3")  # the draft layer types our EAGLE-3 network implements
 
@@ -192,7 +192,7 @@ def eagle3_config_for(target, draft_vocab_size: int, taps: tuple[int, ...], inte
         "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
         "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
         "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "head_dim": full_attention_head_dim(c),
         "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": getattr(c, "hidden_act", "silu"),
         "max_position_embeddings": c.max_position_embeddings, "vocab_size": target.vocab_size,
         "rope_theta": rope["rope_theta"], "attention_bias": getattr(c, "attention_bias", False),
