@@ -185,9 +185,15 @@ def eagle3_json(cfg: Eagle3Config) -> dict:
 
 def eagle3_config_for(target, draft_vocab_size: int, taps: tuple[int, ...], intermediate_size: int | None = None
                       ) -> Eagle3Config:
-    """The config of a fresh one-layer drafter for `target`: its layer shaped like the target's."""
+    """The config of a fresh one-layer drafter for `target`: its layer shaped like the target's.
+
+    A target whose RoPE turns only part of each head (Gemma 4's full-attention layers) gives its drafter
+    plain RoPE at the same base: the layer here, as vLLM's and speculators', turns whole heads.
+    """
     c = target.config
     rope = full_attention_rope(c)
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        rope = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
     layer = {
         "model_type": "qwen3" if c.model_type.startswith("qwen3") else "llama",
         "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
