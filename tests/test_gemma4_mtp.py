@@ -254,7 +254,7 @@ def test_a_centroid_assistant_refuses_a_draft_vocabulary():
 @pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
 def test_a_fresh_learned_drafter_for_a_gemma4_target_takes_its_full_attention_heads(method):
     """Gemma 4's full-attention layers have larger heads than its sliding ones, so transformers refuses to read one
-    `head_dim` off its config: a fresh drafter copies the full-attention layers' (as it does their RoPE)."""
+    `head_dim` off its config: a fresh drafter copies the full-attention layers' (and their RoPE base)."""
     from conftest import learned_drafter
 
     target, _ = tiny_gemma4_pair(False)
