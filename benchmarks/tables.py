@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from specdec_learn.bench import kernel_words, machine_words  # the words bench's own labels use
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / "README.md",
@@ -19,22 +21,11 @@ DOCS = [ROOT / "README.md", ROOT / "docs" / "TESTING.md", ROOT / "benchmarks" / 
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w:-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
-def _cpu(m: dict) -> str:
-    """A results file's machine in words: the CPU, and whether it has bf16 instructions where that is known."""
-    bf16 = {True: " (bf16 instructions)", False: " (no bf16 instructions)"}.get(m.get("cpu_bf16"), "")
-    return f"{m['cpu']}{bf16}"
-
-
-def _kernels(m: dict) -> str:
-    """', torch's own kernels' for a CPU run whose rows were not computed alike (invariant.py), as bench's labels say."""
-    return "" if m.get("row_invariant") or m.get("gpu") else ", torch's own kernels"
-
-
 def ci_times(results: Path) -> str:
     """The last committed CI run: each step's time and each pytest call's, with its machine."""
     run = json.loads((results / "ci" / "ci_run.json").read_text())
     m = run["machine"]
-    cpu = f"{m['cpu']}, {m['cores']} cores, " + ("bf16 instructions" if m["bf16_instructions"] else "no bf16 instructions")
+    cpu = f"{machine_words({'cpu': m['cpu'], 'cpu_bf16': m['bf16_instructions']})}, {m['cores']} cores"
     lines = [f"`.ci/run`, {run['label']}; {cpu} (`benchmarks/results/ci/ci_run.json`).", "",
              "| step | minutes |", "|---|---:|"]
     lines += [f"| {'**all**' if name == 'all' else f'`{name}`'} | {s / 60:.1f} |" for name, s in run["steps_s"].items()]
@@ -61,9 +52,8 @@ def chapter_times(results: Path) -> str:
 
     lines = ["| chapter | quick mode, minutes | full mode, minutes |", "|---|---:|---:|"]
     lines += [f"| {c} | {cell(c, 'quick')} | {cell(c, 'full')} |" for c in chapters]
-    bf16 = {True: "bf16 instructions", False: "no bf16 instructions", None: "bf16 instructions unknown"}
-    named = [f"{'(' + str(i + 1) + ') ' if len(machines) > 1 else ''}{cpu}, {cores} cores, {bf16[b]}"
-             for i, (cpu, cores, b) in enumerate(machines)]
+    named = [f"{'(' + str(i + 1) + ') ' if len(machines) > 1 else ''}{machine_words({'cpu': cpu, 'cpu_bf16': b})}, "
+             f"{cores} cores" for i, (cpu, cores, b) in enumerate(machines)]
     lines += ["", "Each chapter run alone, top to bottom, by `notebooks/execute.py` on an otherwise idle machine "
               f"({'; '.join(named) or 'none yet'}; `benchmarks/results/chapter_times.json`)."]
     return "\n".join(lines) + "\n"
@@ -86,7 +76,7 @@ def reference(results: Path) -> str:
                     cells[r["method"], run["workload"], run["sampling"]] = r
         first = runs[0]
         out += [f"`make reference`: {first['num_prompts']} held-out prompts x {first['max_new_tokens']} new tokens "
-                f"per run, {m['dtype']}{_kernels(m)}, batch 1; {_cpu(m)}, {m['cores']} cores, otherwise idle "
+                f"per run, {m['dtype']}{kernel_words(m)}, batch 1; {machine_words(m)}, {m['cores']} cores, otherwise idle "
                 f"(`benchmarks/results/{path.name}`). Cell: speedup over AR in the same run "
                 "(mean acceptance length).", "",
                 "| method | k | " + " | ".join(f"{r['workload']}, {r['sampling']}" for r in runs) + " |",
@@ -116,7 +106,7 @@ def row_invariance(results: Path) -> str:
         disturbed = [r["dtype"] for r in data["runs"] if (r["conditions"] or {}).get("disturbed")
                      or (r["methods_conditions"] or {}).get("disturbed")]
         out += [f"`make row-invariance`: {c['num_prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, "
-                f"greedy, batch 1; {_cpu(m)}, {m['cores']} cores, "
+                f"greedy, batch 1; {machine_words(m)}, {m['cores']} cores, "
                 + (f"disturbed ({', '.join(disturbed)})" if disturbed else "otherwise idle")
                 + f" (`benchmarks/results/{path.name}`). Plain decoding's tok/s with rows computed alike, and "
                 "the others as a ratio of it; a verify pass over n rows in one-row passes; the lowest greedy "
@@ -223,8 +213,8 @@ def all_methods(results: Path) -> str:
     data = json.loads((results / "all_methods.json").read_text())
     m, c = data["machine"], data["config"]
     return (f"`make benchmarks`: {c['prompts']} held-out prompts per workload (edits: {c['edit_functions']} "
-            f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{_kernels(m)}, "
-            f"batch 1; {_cpu(m)}, {m['cores']} cores (`benchmarks/results/all_methods.json`). Cell: "
+            f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{kernel_words(m)}, "
+            f"batch 1; {machine_words(m)}, {m['cores']} cores (`benchmarks/results/all_methods.json`). Cell: "
             "the best speedup over our AR in the same run (mean acceptance length, k).\n\n"
             + markdown_summary(data) + "\n")
 
@@ -240,7 +230,7 @@ def vllm_compare(results: Path) -> str:
                    key=tps.get) for b in batches}
     ours = max((n for n in tps if n.startswith("ours") and " ar " not in n), key=tps.get)
     lines = [f"`make vllm-compare`: {c['prompts']} held-out HumanEval prompts x {c['max_new_tokens']} new tokens, "
-             f"greedy, {m['dtype']}; {_cpu(m)}, {m['cores']} cores, {quietness} "
+             f"greedy, {m['dtype']}; {machine_words(m)}, {m['cores']} cores, {quietness} "
              f"(`benchmarks/results/vllm_compare.json`). Our loop decodes at batch 1: AR {tps['ours ar k=0']:.1f} "
              f"tok/s, its best {ours.split(' ', 1)[1]} {tps[ours]:.1f} tok/s.", "",
              "| | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches),
@@ -260,7 +250,7 @@ def dspark_markov_cut(results: Path) -> str:
     m, c = data["machine"], data["config"]
     lines = [f"`python benchmarks/dspark_markov_cut.py`: the shipped DSpark, k = {c['k']}, {c['draft_vocab']:,} tokens, "
              f"{c['prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, greedy, the same drafts both "
-             f"ways; {_cpu(m)}, {m['cores']} cores (`benchmarks/results/dspark_markov_cut.json`).", "",
+             f"ways; {machine_words(m)}, {m['cores']} cores (`benchmarks/results/dspark_markov_cut.json`).", "",
              "| dtype | AR step, ms | drafted token, ms: cut / whole | c: cut / whole |", "|---|---:|---:|---:|"]
     for r in data["results"].values():
         cut, whole = r["cut"], r["whole"]

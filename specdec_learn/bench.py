@@ -256,6 +256,19 @@ RESULTS = Path(os.environ.get("SPECDEC_RESULTS") or Path(__file__).resolve().par
 FULL_RUN = (10, 128)  # prompts x new tokens: the least a run the book calls full has (benchmarks/reference.py)
 
 
+def machine_words(m: dict) -> str:
+    """A results file's CPU in words, and whether it has bf16 instructions where that is known: two CPUs with one
+    name can differ in them, and they decide a bf16 run's costs (limits.cpu_has_bf16)."""
+    bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
+    return f"{m['cpu']}{bf16}"
+
+
+def kernel_words(m: dict) -> str:
+    """', torch's own kernels' for a CPU run whose rows were not computed alike (invariant.py): its rows, and so
+    its greedy match, may differ from plain decoding's."""
+    return "" if m.get("row_invariant") or m.get("gpu") else ", torch's own kernels"
+
+
 @dataclass
 class Results:
     """A benchmark's JSON read back: what the book states its measured figures from."""
@@ -288,12 +301,8 @@ class Results:
         size = "full run" if n >= FULL_RUN[0] and tokens >= FULL_RUN[1] else "small run"
         sampling = c.get("sampling") or ("greedy" if not c.get("temperature") else f"temperature {c['temperature']:g}")
         workload = f"{Path(c['workload']).stem}, " if c.get("workload") else ""
-        # Two CPUs with one name can differ in bf16 instructions, which decide a bf16 run's costs (limits.cpu_has_bf16)
-        bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
-        # a CPU run with torch's own kernels (invariant.py): its rows, and so its greedy match, may differ
-        kernels = "" if m.get("row_invariant") or m.get("gpu") else ", torch's own kernels"
         return (f"{n} prompts x {tokens} new tokens ({size}; {workload}{sampling}), "
-                f"{m['dtype']}{kernels}, {m['cpu']}{bf16}, {m['cores']} cores")
+                f"{m['dtype']}{kernel_words(m)}, {machine_words(m)}, {m['cores']} cores")
 
     def table(self, methods: list[str] | dict[str, int] | None = None) -> str:
         """The chain rows as `format_table` prints a live run's, and the label under them.
