@@ -8,15 +8,34 @@
     tree = sd.generate(target, "Write a haiku about tea.", sd.NgramDrafter(), tree=sd.TreeSpec(nodes=8, depth=4))
 """
 
-from .decode import Generation, generate
-from .drafters import DraftModelDrafter, Drafter, NgramDrafter, Proposal, SuffixDrafter
-from .sampling import GREEDY, Sampling
-from .stats import Stats
-from .target import DecodeState, Target, load
-from .tree import TreeSpec
+from importlib import import_module
+from importlib.util import find_spec
 
-__all__ = [
-    "load", "generate", "Generation", "Target", "DecodeState", "Sampling", "GREEDY",
-    "Stats", "Drafter", "Proposal", "NgramDrafter", "SuffixDrafter", "DraftModelDrafter", "TreeSpec",
-]
+# name -> the module that defines it. Each loads on first use (PEP 562), so that `import specdec_learn`
+# and `specdec --help` do not pay for torch and transformers before anything needs them.
+_EXPORTS = {
+    "load": "target", "Target": "target", "DecodeState": "target",
+    "generate": "decode", "Generation": "decode",
+    "Sampling": "sampling", "GREEDY": "sampling",
+    "Stats": "stats",
+    "TreeSpec": "tree",
+    "Drafter": "drafters", "Proposal": "drafters",
+    "NgramDrafter": "drafters", "SuffixDrafter": "drafters", "DraftModelDrafter": "drafters",
+}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+        value = import_module(f".{name}", __name__)  # a module: sd.sampling.probabilities(...)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # the next lookup finds it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

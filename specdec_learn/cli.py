@@ -10,19 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench as bench_mod
-from . import quiet
-from .decode import generate
-from .drafters import branching, reducible
-from .invariant import not_invariant
-from .limits import cpu_has_bf16
 from .methods import names
-from .models import default_device, resolve_dtype
-from .sampling import Sampling
-from .target import load
-from .tree import TreeSpec
-from .workloads import load_workload
-from .zoo import make_drafter
+
+# The parser needs only the methods' names: what runs a command (torch, transformers, the drafters) is
+# imported by the command itself, so that `specdec --help` answers at once.
 
 
 def _int_list(text: str) -> list[int]:
@@ -30,6 +21,16 @@ def _int_list(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _tree(text: str):
+    """NODES,DEPTH[,BRANCH], as --tree takes it (tree.TreeSpec.parse)."""
+    from .tree import TreeSpec
+
+    try:
+        return TreeSpec.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _method_folder(text: str) -> tuple[str, str]:
@@ -73,11 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--k", type=_int_list, default=[1, 3, 5], help="comma-separated draft lengths")
     b.add_argument("--workload", default="humaneval", help="humaneval, math, chat, edits, or a JSONL file of {\"prompt\": ...}")
     b.add_argument("--prompts", type=int, default=10, help="number of prompts")
-    b.add_argument("--tree", type=TreeSpec.parse, action="append", default=[], metavar="NODES,DEPTH[,BRANCH]",
-                   help=f"also run each method with a token tree of this size (repeatable; {', '.join(branching())})")
+    b.add_argument("--tree", type=_tree, action="append", default=[], metavar="NODES,DEPTH[,BRANCH]",
+                   help="also run each method with a token tree of this size (repeatable; a method whose drafter "
+                        "drafts chains only is named and runs its chains)")
     b.add_argument("--draft-vocab", type=int, action="append", default=[], metavar="N",
-                   help=f"also run each of {', '.join(reducible())} scoring only its N most frequent tokens "
-                        "(repeatable; counted in the committed corpus)")
+                   help="also run each drafter that scores the whole vocabulary with it cut to its N most frequent "
+                        "tokens (repeatable; counted in the committed corpus; EAGLE-3's checkpoint carries "
+                        "its own cut)")
     b.add_argument("--drafter", type=_method_folder, action="append", default=[], metavar="METHOD=DIR",
                    help="also run METHOD's chains with the drafter in DIR (e.g. a retrained export) beside "
                         "the default one (repeatable)")
@@ -91,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="ar", choices=names())
     g.add_argument("--k", type=int, default=3)
-    g.add_argument("--tree", type=TreeSpec.parse, default=None, metavar="NODES,DEPTH[,BRANCH]",
+    g.add_argument("--tree", type=_tree, default=None, metavar="NODES,DEPTH[,BRANCH]",
                    help="draft a token tree of this size instead of a chain of k")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help=f"the drafter scores only its N most frequent tokens ({', '.join(reducible())})")
+                   help="the drafter scores only its N most frequent tokens (drafters that score the whole "
+                        "vocabulary; EAGLE-3's checkpoint carries its own cut)")
     # the trainers (and what they import) load only for `specdec train`: `generate`, `bench` and --help skip them
     words = sys.argv[1:] if argv is None else argv
     _add_train_parser(sub, with_trainers=next((w for w in words if not w.startswith("-")), None) == "train")
@@ -104,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        from .sampling import Sampling
+
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         if args.command == "bench":
             return _bench(args, sampling)
@@ -127,6 +133,12 @@ def one_line(err: BaseException) -> str:
 
 
 def _bench(args, sampling) -> int:
+    from . import bench as bench_mod
+    from . import quiet
+    from .drafters import branching
+    from .models import default_device, resolve_dtype
+    from .workloads import load_workload
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise ValueError(f"--methods {args.methods!r} names no method: give e.g. ar,ngram (from {', '.join(names())}).")
@@ -223,6 +235,10 @@ NO_VLLM_DRAFT_VOCAB = ("--draft-vocab runs in the readable loop only: vLLM reads
 
 def _load(args):
     """The target the arguments name, and one line on stderr saying its dtype and mode."""
+    from .invariant import not_invariant
+    from .limits import cpu_has_bf16
+    from .target import load
+
     target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir, invariant=args.invariant)
     why = ""
     if args.dtype == "auto":
@@ -246,6 +262,9 @@ def _generate(args, sampling) -> int:
         if args.draft_vocab:
             raise ValueError(NO_VLLM_DRAFT_VOCAB)
         return _generate_vllm(args, sampling)
+    from .decode import generate
+    from .zoo import make_drafter
+
     target = _load(args)
     drafter = make_drafter(args.method, target, draft=args.draft, draft_vocab=args.draft_vocab)
     out = generate(target, args.prompt, drafter, k=0 if args.tree else args.k, max_new_tokens=args.max_new_tokens,
@@ -396,6 +415,8 @@ def _train_data(args) -> int:
             data.build_dataset(None, data_dir, data.training_prompts(), batch_size=args.batch_size or 128,
                                engine=engine, **kwargs)
     else:
+        from .target import load
+
         target = load(args.target, dtype=args.dtype, device=args.device, invariant=False)  # whole answers, batched
         data.build_dataset(target, data_dir, data.training_prompts(), batch_size=args.batch_size or 16, **kwargs)
     examples = data.load_examples(data_dir)

@@ -8,14 +8,15 @@ import json
 
 import pytest
 
-import specdec_learn.cli as cli
+import specdec_learn.target as target_module
 from specdec_learn.cli import main
 from specdec_learn.models import default_device, resolve_dtype
 
 
 def reuse_target(monkeypatch, target) -> None:
-    """Make the CLI's `load` return `target` when asked for it (name, dtype and device as resolved), else load."""
-    load = cli.load
+    """Make `load` (the CLI's, which it imports when a command runs) return `target` when asked for it (name, dtype
+    and device as resolved), else load."""
+    load = target_module.load
 
     def load_or_reuse(name="smollm2-135m", dtype=None, device=None, cache_dir=None, invariant=True):
         resolved = device or default_device()
@@ -24,7 +25,7 @@ def reuse_target(monkeypatch, target) -> None:
             return target
         return load(name, dtype=dtype, device=device, cache_dir=cache_dir, invariant=invariant)
 
-    monkeypatch.setattr(cli, "load", load_or_reuse)
+    monkeypatch.setattr(target_module, "load", load_or_reuse)
 
 
 @pytest.fixture(autouse=True)

@@ -138,12 +138,12 @@ def test_cli_empty_workload_is_refused_before_the_model_loads(capsys, tmp_path):
 
 
 def test_cli_unexpected_errors_say_so_and_debug_shows_the_traceback(capsys, monkeypatch):
-    import specdec_learn.cli as cli
+    import specdec_learn.target as target_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(cli, "load", broken)
+    monkeypatch.setattr(target_module, "load", broken)
     err = run_cli(capsys, "generate", "--prompt", "hi")
     assert "RuntimeError: kaboom" in err and "--debug" in err
     with pytest.raises(RuntimeError, match="kaboom"):

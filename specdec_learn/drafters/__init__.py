@@ -2,21 +2,20 @@
 
 from importlib import import_module
 
-from ..methods import get, names
+from ..methods import METHODS, get, names
 from .base import Drafter, Proposal
-from .dflash import DFlashDrafter
-from .draft_model import DraftModelDrafter
-from .dspark import DSparkDrafter
-from .eagle3 import Eagle3Drafter
-from .gemma4_mtp import Gemma4AssistantDrafter
-from .mtp import MTPDrafter
-from .ngram import NgramDrafter
-from .suffix import SuffixDrafter
 
-__all__ = [
-    "Drafter", "Proposal", "NgramDrafter", "DraftModelDrafter", "Eagle3Drafter", "MTPDrafter", "Gemma4AssistantDrafter",
-    "DFlashDrafter", "DSparkDrafter", "SuffixDrafter", "drafter_class", "branching", "reducible",
-]
+# each method's drafter class by its name ("Eagle3Drafter": "eagle3"), read off methods.py
+_CLASSES = {m.drafter.rpartition(".")[2]: m.name for m in METHODS.values() if m.drafter and ":" not in m.drafter}
+__all__ = ["Drafter", "Proposal", *_CLASSES, "drafter_class", "branching", "reducible"]
+
+
+def __getattr__(name: str):
+    """`drafters.Eagle3Drafter` and the like: a drafter's file loads on first use (PEP 562), so that importing
+    the loop does not import every network (DFlash's alone brings transformers' Qwen3 classes)."""
+    if name not in _CLASSES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return drafter_class(_CLASSES[name])
 
 
 def drafter_class(method: str) -> type[Drafter] | None:
