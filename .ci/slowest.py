@@ -54,13 +54,14 @@ def steps(folder: Path) -> dict[str, int]:
 
 
 def machine() -> dict:
-    """The CPU model, its cores and whether it has bf16 instructions, read from /proc/cpuinfo."""
+    """The CPU model, its cores and whether it has bf16 instructions, read from /proc/cpuinfo, and the instruction
+    set oneDNN was capped at (ONEDNN_MAX_CPU_ISA, e.g. AVX2: the suite computing as on an AVX2-only CPU)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return {"cpu": model or platform.processor() or "unknown", "cores": os.cpu_count(),
             "bf16_instructions": "avx512_bf16" in flags or "amx_bf16" in flags, "amx": "amx_bf16" in flags,
-            "avx512": "avx512f" in flags}
+            "avx512": "avx512f" in flags, "isa_cap": os.environ.get("ONEDNN_MAX_CPU_ISA")}
 
 
 def record(folder: Path, label: str) -> dict:

@@ -143,13 +143,13 @@ class RowLinear(nn.Linear):
 
 
 @functools.cache
-def packed_matmul_works() -> bool:
-    """Whether this torch build has oneDNN's packed matmul (RowLinear's path), tried once on a tiny layer."""
+def packed_matmul_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch and this CPU run oneDNN's packed matmul (RowLinear's path) in `dtype`, tried once on a
+    tiny layer. In bf16 oneDNN packs only with AVX512 (or AVX-NE-CONVERT): not on an AVX2-only CPU."""
     try:
-        weight = torch.ones(4, 8)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), packed, None, "none", [], "")
-        return bool(torch.backends.mkldnn.is_available()) and torch.equal(out, torch.full((2, 4), 8.0))
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 8, dtype=dtype), 2)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=dtype), packed, None, "none", [], "")
+        return bool(torch.backends.mkldnn.is_available()) and torch.equal(out, torch.full((2, 4), 8.0, dtype=dtype))
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
 
@@ -170,8 +170,9 @@ def not_invariant(model: nn.Module) -> str | None:
         return "its experts see as many rows as the router sends them"
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "its attention soft-caps the scores"
-    if not packed_matmul_works():
-        return "this torch has no oneDNN packed matmul"
+    if not packed_matmul_works(model.dtype):
+        dtype = str(model.dtype).replace("torch.", "")
+        return f"this torch on this CPU has no oneDNN packed matmul in {dtype} (fp32 has one wherever torch has oneDNN)"
     return None
 
 

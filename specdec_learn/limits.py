@@ -31,15 +31,32 @@ from pathlib import Path
 import torch
 
 
-@functools.cache
+# oneDNN's names for the instruction sets below AVX512_CORE_BF16, the first with bf16 dot products
+NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def isa_cap() -> str | None:
+    """The instruction set oneDNN is capped at by ONEDNN_MAX_CPU_ISA (None: not capped). Capped at AVX2, a bf16 CPU
+    computes as an AVX2-only one does: how the suite is checked for those CPUs on a machine that is not one."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper() or None
+
+
 def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), read from /proc/cpuinfo; None where it can't be read.
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX) that torch may use: read from /proc/cpuinfo, and
+    False where oneDNN is capped below them (isa_cap); None where it can't be read.
 
     Without them torch emulates bf16 matmuls, several times slower, and two
     hosts that both call themselves "AMD EPYC" may differ in exactly this.
     Results files record it (machine_info: None says "not known", on
     macOS for one); EAGLE-3's trainer autocasts only where it is True.
     """
+    if isa_cap() in NO_BF16_ISAS:
+        return False
+    return _flags_have_bf16(str(cpuinfo))
+
+
+@functools.cache
+def _flags_have_bf16(cpuinfo: str) -> bool | None:
     try:
         flags = Path(cpuinfo).read_text()
     except OSError:  # not Linux
@@ -62,6 +79,7 @@ def machine_info(target=None) -> dict:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
+        "isa_cap": isa_cap(),  # oneDNN capped below what the CPU has (ONEDNN_MAX_CPU_ISA), e.g. "AVX2"; None: not
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

@@ -6,6 +6,10 @@ at that position, one row at a time, after committing the same tokens.
 """
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,3 +150,26 @@ def test_what_cannot_be_made_invariant_is_left_as_it_is():
     assert not is_row_invariant(hybrid)
     half = tiny_llama(96).half()
     assert "float16" in not_invariant(half) and not make_row_invariant(half)
+
+
+def test_a_cpu_without_packed_bf16_matmuls_computes_rows_alike_in_fp32_and_says_why_not_in_bf16():
+    """An AVX2-only CPU (here: oneDNN capped at AVX2, as such a CPU computes) packs no bf16 weights. `--dtype auto`
+    takes fp32 there, rows alike; an explicit bf16 target keeps torch's own kernels and says why, never failing
+    in its first forward."""
+    code = """if True:
+        import torch
+        from conftest import tiny_llama
+        from specdec_learn.invariant import make_row_invariant, not_invariant
+        from specdec_learn.limits import cpu_has_bf16, machine_info
+        from specdec_learn.models import resolve_dtype
+        assert cpu_has_bf16() is False and machine_info()["isa_cap"] == "AVX2"
+        assert resolve_dtype("auto", "cpu") == torch.float32
+        assert make_row_invariant(tiny_llama(64))
+        model = tiny_llama(64).to(torch.bfloat16)
+        assert not make_row_invariant(model) and "packed matmul in bfloat16" in not_invariant(model)
+        model(torch.tensor([[1, 2, 3]]))
+    """
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).parent)
+    assert run.returncode == 0, run.stderr[-2000:]

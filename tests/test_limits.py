@@ -54,7 +54,9 @@ def test_matmul_weights_counts_matrices_only():
     assert matmul_weights(model.lm_head) == 64 * 32
 
 
-def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path):
+def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path, monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     found = []
     for i, flags in enumerate(["fpu avx2 avx512f", "fpu avx2 avx512f avx512_bf16", "fpu amx_bf16 amx_tile"]):
         cpuinfo = tmp_path / f"cpuinfo{i}"  # one file each: the answer is cached per path
@@ -62,3 +64,6 @@ def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path):
         found.append(cpu_has_bf16(cpuinfo))
     assert found == [False, True, True]
     assert cpu_has_bf16(tmp_path / "absent") is None  # macOS has no /proc/cpuinfo: not known, not False
+    for cap, bf16 in [("avx2", False), ("AVX512_CORE", False), ("AVX512_CORE_AMX", True)]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)  # oneDNN capped below bf16: torch computes without it
+        assert cpu_has_bf16(tmp_path / "cpuinfo2") is bf16
