@@ -129,7 +129,8 @@ def library_digest() -> str:
 
 
 def cached_ar(target, prompts: list[str], max_new_tokens: int) -> list[sd.Generation]:
-    """AR's greedy outputs of `prompts`, computed once per (model, dtype, torch, transformers, library source).
+    """AR's greedy outputs of `prompts`, computed once per (model, dtype, torch, transformers, library source, the
+    instruction set torch's kernels use).
 
     Kept under the library's cache folder, so that each test worker and each step of `make test` (the vLLM
     venv's tests compare with the same outputs) reads what the first one computed; a lock makes the others
@@ -142,8 +143,9 @@ def cached_ar(target, prompts: list[str], max_new_tokens: int) -> list[sd.Genera
     from specdec_learn.formats.io import write_text_atomic
     from specdec_learn.models import cache_dir
 
+    kernels = [torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA")]  # they decide the bits
     key = json.dumps([target.name, str(target.dtype), torch.__version__, transformers.__version__, library_digest(),
-                      prompts, max_new_tokens])
+                      kernels, prompts, max_new_tokens])
     file = cache_dir() / "test-ar" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     file.parent.mkdir(parents=True, exist_ok=True)
     with open(file.with_suffix(".lock"), "w") as lock:

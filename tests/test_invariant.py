@@ -18,7 +18,7 @@ import specdec_learn as sd
 from specdec_learn.limits import machine_info
 from specdec_learn.methods import names
 from specdec_learn.zoo import make_drafter
-from specdec_learn.invariant import RowLinear, is_row_invariant, make_row_invariant, visible_keys
+from specdec_learn.invariant import RowLinear, is_row_invariant, make_row_invariant, packed_matmul_works, visible_keys
 from specdec_learn.target import Target
 
 from conftest import embedded_target, tiny_llama
@@ -27,8 +27,16 @@ DRAFTS = [13, 567, 89, 1000, 22, 7, 99, 100, 5]
 TREE = ([13, 567, 89, 1000, 22], [-1, -1, 0, 1, 2])  # two branches: 13 -> 89 -> 22 and 567 -> 1000
 
 
+def needs_packed_matmul(dtype: torch.dtype) -> None:
+    """Rows are computed alike in `dtype` only through oneDNN's packed matmul in it, which an AVX2-only CPU lacks
+    in bf16: there the library keeps torch's own kernels and says why (the last test of this file)."""
+    if not packed_matmul_works(dtype):
+        pytest.skip(f"this CPU has no oneDNN packed matmul in {dtype}: its rows cannot be computed alike here")
+
+
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def real(request):
+    needs_packed_matmul(request.param)
     return embedded_target(request.param)
 
 
@@ -78,6 +86,7 @@ def test_without_the_switch_rows_differ_somewhere():
 def test_greedy_speculation_equals_plain_decoding_in_bf16(real_prompts):
     """Every drafter, chains and a tree, in the dtype where near-ties used to flip (on a CPU whose fast dtype is
     bf16, the suite's `target` checks this again on every test)."""
+    needs_packed_matmul(torch.bfloat16)
     target = embedded_target(torch.bfloat16)
     prompts = [real_prompts[0], real_prompts[6]]
     ar = [sd.generate(target, p, max_new_tokens=24).tokens for p in prompts]
@@ -96,6 +105,7 @@ def test_greedy_speculation_equals_plain_decoding_in_bf16(real_prompts):
 def test_sliding_window_targets_are_row_invariant_past_the_window(family, dtype):
     from test_sliding_window import PROMPT, TARGETS
 
+    needs_packed_matmul(dtype)
     target = Target(TARGETS[family]().to(dtype), None, name=f"tiny-{family}")
     assert make_row_invariant(target.model)
     prompt = PROMPT * 2  # six windows of 8
