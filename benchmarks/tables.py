@@ -22,18 +22,21 @@ BLOCK = re.compile(r"(<!-- table: (?P<name>[\w:-]+) -->\n)(?P<body>.*?)(<!-- end
 
 
 def ci_times(results: Path) -> str:
-    """The last committed CI run: each step's time and each pytest call's, with its machine."""
-    run = json.loads((results / "ci" / "ci_run.json").read_text())
-    m = run["machine"]
-    cpu = f"{machine_words({'cpu': m['cpu'], 'cpu_bf16': m['bf16_instructions']})}, {m['cores']} cores"
-    lines = [f"`.ci/run`, {run['label']}; {cpu} (`benchmarks/results/ci/ci_run.json`).", "",
-             "| step | minutes |", "|---|---:|"]
-    lines += [f"| {'**all**' if name == 'all' else f'`{name}`'} | {s / 60:.1f} |" for name, s in run["steps_s"].items()]
-    lines += ["", "| pytest call | tests | minutes | slowest file |", "|---|---:|---:|---|"]
-    for name, call in run["pytest"].items():
-        file, seconds = next(iter(call["by_file_s"].items()), ("", 0.0))
-        lines.append(f"| {name} | {call['tests']} | {call['wall_s'] / 60:.1f} | {file} ({seconds:.0f} s) |")
-    return "\n".join(lines) + "\n"
+    """Each committed CI run (ci/ci_run*.json): each step's time and each pytest call's, with its machine."""
+    out = []
+    for path in sorted((results / "ci").glob("ci_run*.json")):
+        run = json.loads(path.read_text())
+        m = run["machine"]
+        words = machine_words({"cpu": m["cpu"], "cpu_bf16": m["bf16_instructions"], "isa_cap": m.get("isa_cap")})
+        out += [f"`.ci/run`, {run['label']}; {words}, {m['cores']} cores (`benchmarks/results/ci/{path.name}`).", "",
+                "| step | minutes |", "|---|---:|"]
+        out += [f"| {'**all**' if name == 'all' else f'`{name}`'} | {s / 60:.1f} |" for name, s in run["steps_s"].items()]
+        out += ["", "| pytest call | tests | minutes | slowest file |", "|---|---:|---:|---|"]
+        for name, call in run["pytest"].items():
+            file, seconds = next(iter(call["by_file_s"].items()), ("", 0.0))
+            out.append(f"| {name} | {call['tests']} | {call['wall_s'] / 60:.1f} | {file} ({seconds:.0f} s) |")
+        out.append("")
+    return "\n".join(out)
 
 
 def chapter_times(results: Path) -> str:

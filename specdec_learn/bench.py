@@ -259,9 +259,10 @@ FULL_RUN = (10, 128)  # prompts x new tokens: the least a run the book calls ful
 def machine_words(m: dict) -> str:
     """A results file's CPU in words, and whether it has bf16 instructions where that is known: two CPUs with one
     name can differ in them, and they decide a bf16 run's costs (limits.cpu_has_bf16)."""
+    if m.get("isa_cap"):  # oneDNN, MKL and ATen held to an instruction set: computing as a CPU with only that does
+        return f"{m['cpu']} with its kernels capped at {m['isa_cap']}"
     bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
-    cap = f", kernels capped at {m['isa_cap']}" if m.get("isa_cap") else ""
-    return f"{m['cpu']}{bf16}{cap}"
+    return f"{m['cpu']}{bf16}"
 
 
 def kernel_words(m: dict) -> str:
