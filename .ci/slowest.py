@@ -61,7 +61,13 @@ def machine() -> dict:
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return {"cpu": model or platform.processor() or "unknown", "cores": os.cpu_count(),
             "bf16_instructions": "avx512_bf16" in flags or "amx_bf16" in flags, "amx": "amx_bf16" in flags,
-            "avx512": "avx512f" in flags, "isa_cap": os.environ.get("ONEDNN_MAX_CPU_ISA")}
+            "avx512": "avx512f" in flags, "isa_cap": isa_cap()}
+
+
+def isa_cap() -> str | None:
+    """ONEDNN_MAX_CPU_ISA as specdec_learn.limits.isa_cap reads it (this script runs without the library)."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return None if cap in ("", "ALL", "DEFAULT") else cap
 
 
 def record(folder: Path, label: str) -> dict:

@@ -160,7 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="auto", help="comma-separated; auto: bf16 where the CPU has bf16 "
                                                      "instructions, and fp32 always")
     ap.add_argument("--repeats", type=int, default=15, help="verify passes per row count and kernel")
-    ap.add_argument("--json", default=None, help="default: benchmarks/results/row_invariance_<cpu>.json")
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/row_invariance_<cpu>.json "
+                                                 "(<cpu>_avx2_kernels under make row-invariance-avx2)")
     args = ap.parse_args(argv)
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise SystemExit("--prompts and --max-new-tokens must be >= 1")
@@ -173,7 +174,10 @@ def main(argv=None) -> int:
     for dtype in dict.fromkeys(dtypes):
         results.append(run(dtype, prompts, args.max_new_tokens, args.repeats))
         report(results[-1])
-    cpu = slug(results[0]["machine"]["cpu"])  # the machine's name as the reference run's file has it
+    machine = results[0]["machine"]
+    cpu = slug(machine["cpu"])  # the machine's name as the reference run's file has it
+    if machine["isa_cap"]:  # `make row-invariance-avx2`: not this CPU's own kernels, so not its file
+        cpu += f"_{machine['isa_cap'].lower()}_kernels"
     out = Path(args.json or ROOT / "benchmarks" / "results" / f"row_invariance_{cpu}.json")
     config = {"num_prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "workload": "mixed",
               "prompt_ids": [p.id for p in prompts], "book_k": BOOK_K, "tree": vars(TREE), "rows": list(ROWS),

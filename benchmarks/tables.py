@@ -108,7 +108,8 @@ def row_invariance(results: Path) -> str:
         m = data["runs"][0]["machine"]
         disturbed = [r["dtype"] for r in data["runs"] if (r["conditions"] or {}).get("disturbed")
                      or (r["methods_conditions"] or {}).get("disturbed")]
-        out += [f"`make row-invariance`: {c['num_prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, "
+        command = "make row-invariance-avx2" if m.get("isa_cap") == "AVX2" else "make row-invariance"
+        out += [f"`{command}`: {c['num_prompts']} held-out mixed prompts x {c['max_new_tokens']} new tokens, "
                 f"greedy, batch 1; {machine_words(m)}, {m['cores']} cores, "
                 + (f"disturbed ({', '.join(disturbed)})" if disturbed else "otherwise idle")
                 + f" (`benchmarks/results/{path.name}`). Plain decoding's tok/s with rows computed alike, and "

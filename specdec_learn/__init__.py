@@ -27,14 +27,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
+    # Nothing is cached here: `sd.load` is always `target.load` as it stands now (a test may patch it); a
+    # submodule, once imported, is an attribute of the package and no longer comes here.
     if name in _EXPORTS:
-        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
-        value = import_module(f".{name}", __name__)  # a module: sd.sampling.probabilities(...)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # the next lookup finds it without coming here
-    return value
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+        return import_module(f".{name}", __name__)  # a module: sd.sampling.probabilities(...)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

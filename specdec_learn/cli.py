@@ -235,15 +235,20 @@ NO_VLLM_DRAFT_VOCAB = ("--draft-vocab runs in the readable loop only: vLLM reads
 
 def _load(args):
     """The target the arguments name, and one line on stderr saying its dtype and mode."""
-    from .invariant import not_invariant
-    from .limits import cpu_has_bf16
+    import warnings
+
+    from .invariant import NotRowInvariant, not_invariant
+    from .limits import cpu_has_bf16, isa_cap
     from .target import load
 
-    target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir, invariant=args.invariant)
+    with warnings.catch_warnings():  # the line below says it
+        warnings.simplefilter("ignore", NotRowInvariant)
+        target = load(args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir,
+                      invariant=args.invariant)
     why = ""
     if args.dtype == "auto":
-        bf16 = {True: "this CPU has bf16 instructions", False: "this CPU has no bf16 instructions",
-                None: "bf16 instructions unknown"}[cpu_has_bf16()]
+        no = f"this CPU's kernels are capped at {isa_cap()}" if isa_cap() else "this CPU has no bf16 instructions"
+        bf16 = {True: "this CPU has bf16 instructions", False: no, None: "bf16 instructions unknown"}[cpu_has_bf16()]
         why = f" (auto: {'a GPU' if target.device.type != 'cpu' else bf16})"
     if target.row_invariant:
         mode = "every row computed alike in passes of any size (speculation reproduces plain decoding to the bit)"

@@ -24,14 +24,16 @@ CPU two do not:
 
 A near-tie between two tokens is then decided the same way in the one-row
 step and in the verify pass, and greedy speculative decoding reproduces
-plain decoding to the bit, in bf16 as in fp32 (tests/test_invariant.py).
+plain decoding to the bit, in bf16 as in fp32 (tests/test_invariant.py), bf16
+where oneDNN packs bf16 weights: not on a CPU with AVX2 only.
 Elementwise operations and norms work row by row and need nothing.
 
 `make_row_invariant(model)` switches a CPU model over; `target.load` does it
-unless told not to (`invariant=False`). It leaves alone what it cannot make
-invariant (`not_invariant` says why): linear-attention layers (Qwen3.5,
-Qwen3-Next), which compute many rows in chunks and one row step by step;
-mixture-of-experts layers; soft-capped attention. GPUs and vLLM batch by
+unless told not to (`invariant=False`), and warns where it cannot. It leaves
+alone what it cannot make invariant (`not_invariant` says why): linear-attention
+layers (Qwen3.5, Qwen3-Next), which compute many rows in chunks and one row
+step by step; mixture-of-experts layers; soft-capped attention; bf16 where
+oneDNN packs no bf16 weights (fp32 is then computed alike). GPUs and vLLM batch by
 their own rules. There the library promises what chapter 2 proves (each
 token is distributed as the target's), not the last bit.
 """
@@ -45,6 +47,10 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ROW_SDPA = "sdpa_row_invariant"  # the name make_row_invariant registers with transformers' AttentionInterface
+
+
+class NotRowInvariant(UserWarning):
+    """`target.load` was asked for rows computed alike on a CPU and could not give them (the message says why)."""
 
 
 def visible_keys(mask: torch.Tensor | None, n: int, length: int) -> list[torch.Tensor | slice]:
@@ -172,7 +178,8 @@ def not_invariant(model: nn.Module) -> str | None:
         return "its attention soft-caps the scores"
     if not packed_matmul_works(model.dtype):
         dtype = str(model.dtype).replace("torch.", "")
-        return f"this torch on this CPU has no oneDNN packed matmul in {dtype} (fp32 has one wherever torch has oneDNN)"
+        return (f"this torch on this CPU has no oneDNN packed matmul in {dtype} (fp32 has one wherever torch has "
+                "oneDNN: load in fp32, or --dtype auto, to compute rows alike)")
     return None
 
 

@@ -37,8 +37,12 @@ NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE
 
 def isa_cap() -> str | None:
     """The instruction set oneDNN is capped at by ONEDNN_MAX_CPU_ISA (None: not capped). Capped at AVX2, a bf16 CPU
-    computes as an AVX2-only one does: how the suite is checked for those CPUs on a machine that is not one."""
-    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper() or None
+    computes as an AVX2-only one does: how the suite is checked for those CPUs on a machine that is not one.
+
+    oneDNN reads the variable once, when torch first uses it: set it before the process starts (as `make
+    test-avx2` does), not from a running notebook, or this answer and the kernels part ways."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return None if cap in ("", "ALL", "DEFAULT") else cap
 
 
 def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
@@ -80,6 +84,7 @@ def machine_info(target=None) -> dict:
         "cores": os.cpu_count(),
         "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
         "isa_cap": isa_cap(),  # oneDNN capped below what the CPU has (ONEDNN_MAX_CPU_ISA), e.g. "AVX2"; None: not
+        "aten_isa": torch.backends.cpu.get_cpu_capability(),  # the instruction set torch's own kernels use
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

@@ -33,6 +33,7 @@ replays the accepted rows (`LinearState`, `Target.commit`).
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,7 +43,7 @@ from transformers import DynamicCache
 
 from . import models
 from .compat import cache_arg, cached_length
-from .invariant import is_row_invariant, make_row_invariant
+from .invariant import NotRowInvariant, is_row_invariant, make_row_invariant, not_invariant
 from .kv_cache import (ATTENTION_TYPES, LinearState, Rollback, crop_cache, keep_path, keeps_every_position,
                        linear_mixers, record_past)
 from .speedups import speed_up
@@ -367,12 +368,14 @@ def load(name_or_path: str = "smollm2-135m", dtype=None, device: str | None = No
     device: 'cpu', 'cuda' (CUDA and ROCm alike); default: a GPU when there is one.
     cache_dir: where the embedded model is converted to (default: see `models`).
     invariant: on a CPU, make each row of a forward independent of how many rows the pass computes
-    (invariant.py), so speculation reproduces plain decoding to the bit; False keeps torch's own kernels.
+    (invariant.py), so speculation reproduces plain decoding to the bit (a NotRowInvariant warning says why
+    where it cannot); False keeps torch's own kernels.
     speedups: the CPU speed-ups of speedups.py, which change no number; False leaves them out.
     """
     model, tokenizer = models.load_hf(name_or_path, dtype=dtype, device=device, cache=cache_dir)
-    if invariant:
-        make_row_invariant(model)
+    if invariant and not make_row_invariant(model) and model.device.type == "cpu":
+        warnings.warn(NotRowInvariant(f"{name_or_path} keeps torch's own kernels: {not_invariant(model)}; greedy "
+                                      "speculation may differ from plain decoding in near-ties"), stacklevel=2)
     if speedups:
         speed_up(model)
     return Target(model, tokenizer, name=name_or_path)

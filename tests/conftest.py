@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import specdec_learn as sd
+from specdec_learn.limits import isa_cap
 from specdec_learn.models import resolve_dtype
 from specdec_learn.workloads import load_workload
 
@@ -143,7 +144,7 @@ def cached_ar(target, prompts: list[str], max_new_tokens: int) -> list[sd.Genera
     from specdec_learn.formats.io import write_text_atomic
     from specdec_learn.models import cache_dir
 
-    kernels = [torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA")]  # they decide the bits
+    kernels = [torch.backends.cpu.get_cpu_capability(), isa_cap()]  # they decide the bits
     key = json.dumps([target.name, str(target.dtype), torch.__version__, transformers.__version__, library_digest(),
                       kernels, prompts, max_new_tokens])
     file = cache_dir() / "test-ar" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"

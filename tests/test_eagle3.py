@@ -6,7 +6,6 @@ without `embed_tokens`), for a llama-style and a qwen3-style target.
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import specdec_learn as sd
 from conftest import tiny_llama
-from specdec_learn.limits import NO_BF16_ISAS
+from specdec_learn.limits import NO_BF16_ISAS, isa_cap
 from specdec_learn.drafters.eagle3 import Eagle3Drafter, Eagle3Model, load_eagle3, new_eagle3, save_eagle3
 from specdec_learn.target import Target
 
@@ -304,7 +303,7 @@ def test_bf16_autocast_follows_the_hardware_unless_asked(asked):
     with autocast(TrainConfig(autocast_bf16=asked), cpu):
         assert torch.is_autocast_enabled("cpu") == (bf16_is_native(cpu) if asked is None else asked)
     flags = open("/proc/cpuinfo").read() if Path("/proc/cpuinfo").exists() else ""
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in NO_BF16_ISAS  # oneDNN kept below bf16
+    capped = isa_cap() in NO_BF16_ISAS  # oneDNN kept below bf16
     assert bf16_is_native(cpu) == (("avx512_bf16" in flags or "amx_bf16" in flags) and not capped)
     assert bf16_is_native(torch.device("cuda"))  # a GPU: always (no GPU needed to ask)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import specdec_learn as sd
-from specdec_learn.limits import machine_info
+from specdec_learn.limits import cpu_has_bf16, machine_info
 from specdec_learn.methods import names
 from specdec_learn.zoo import make_drafter
 from specdec_learn.invariant import RowLinear, is_row_invariant, make_row_invariant, packed_matmul_works, visible_keys
@@ -28,10 +28,14 @@ TREE = ([13, 567, 89, 1000, 22], [-1, -1, 0, 1, 2])  # two branches: 13 -> 89 ->
 
 
 def needs_packed_matmul(dtype: torch.dtype) -> None:
-    """Rows are computed alike in `dtype` only through oneDNN's packed matmul in it, which an AVX2-only CPU lacks
-    in bf16: there the library keeps torch's own kernels and says why (the last test of this file)."""
-    if not packed_matmul_works(dtype):
-        pytest.skip(f"this CPU has no oneDNN packed matmul in {dtype}: its rows cannot be computed alike here")
+    """Rows are computed alike in `dtype` only through oneDNN's packed matmul in it, which a CPU without bf16
+    instructions (AVX2-only) lacks in bf16: there the library keeps torch's own kernels and says why (the last
+    test of this file). Everywhere else the packed matmul must work: a torch that broke it fails here, rather
+    than skipping every test of this file."""
+    if dtype == torch.bfloat16 and cpu_has_bf16() is False:
+        pytest.skip("no bf16 instructions in use here (none on this CPU, or oneDNN capped below them), so no oneDNN "
+                    "packed matmul in bf16: rows are not computed alike in bf16 here")
+    assert packed_matmul_works(dtype), f"oneDNN's packed matmul fails in {dtype} on a CPU that should have it"
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -162,6 +166,25 @@ def test_what_cannot_be_made_invariant_is_left_as_it_is():
     assert "float16" in not_invariant(half) and not make_row_invariant(half)
 
 
+def test_load_warns_where_it_cannot_compute_rows_alike(monkeypatch):
+    """`sd.load` asked for rows computed alike (the default) and not given them says so, once, with the reason."""
+    import warnings
+
+    from test_hybrid import tiny_qwen3_5
+
+    from specdec_learn import models
+    from specdec_learn.invariant import NotRowInvariant
+
+    monkeypatch.setattr(models, "load_hf", lambda *args, **kwargs: (tiny_qwen3_5(), None))
+    with pytest.warns(NotRowInvariant, match="tiny-hybrid keeps torch's own kernels: it has linear_attention"):
+        assert not sd.load("tiny-hybrid").row_invariant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotRowInvariant)
+        sd.load("tiny-hybrid", invariant=False)  # asked for torch's kernels: nothing to warn about
+        monkeypatch.setattr(models, "load_hf", lambda *args, **kwargs: (tiny_llama(64), None))
+        assert sd.load("tiny").row_invariant
+
+
 def test_a_cpu_without_packed_bf16_matmuls_computes_rows_alike_in_fp32_and_says_why_not_in_bf16():
     """An AVX2-only CPU (here: oneDNN capped at AVX2, as such a CPU computes) packs no bf16 weights. `--dtype auto`
     takes fp32 there, rows alike; an explicit bf16 target keeps torch's own kernels and says why, never failing
@@ -178,6 +201,14 @@ def test_a_cpu_without_packed_bf16_matmuls_computes_rows_alike_in_fp32_and_says_
         model = tiny_llama(64).to(torch.bfloat16)
         assert not make_row_invariant(model) and "packed matmul in bfloat16" in not_invariant(model)
         model(torch.tensor([[1, 2, 3]]))
+        import warnings
+        import specdec_learn as sd
+        from specdec_learn import models
+        models.load_hf = lambda *args, **kwargs: (tiny_llama(64).to(torch.bfloat16), None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert not sd.load("tiny").row_invariant
+        assert any("load in fp32" in str(w.message) for w in caught), caught
     """
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdec_learn.limits import (ar_ceiling, cpu_has_bf16, matmul_weights, predicted_speedup, read_bandwidth,
-                                  weight_bytes)
+from specdec_learn.limits import (ar_ceiling, cpu_has_bf16, isa_cap, matmul_weights, predicted_speedup,
+                                  read_bandwidth, weight_bytes)
 from specdec_learn.stats import Round, Stats
 from specdec_learn.target import Target
 
@@ -64,6 +64,11 @@ def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path, mo
         found.append(cpu_has_bf16(cpuinfo))
     assert found == [False, True, True]
     assert cpu_has_bf16(tmp_path / "absent") is None  # macOS has no /proc/cpuinfo: not known, not False
-    for cap, bf16 in [("avx2", False), ("AVX512_CORE", False), ("AVX512_CORE_AMX", True)]:
+    for cap, bf16 in [("avx2", False), ("AVX512_CORE", False), ("AVX512_CORE_AMX", True), ("all", True)]:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)  # oneDNN capped below bf16: torch computes without it
         assert cpu_has_bf16(tmp_path / "cpuinfo2") is bf16
+    for unset in ("all", "DEFAULT", ""):  # oneDNN's own words for "no cap"
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", unset)
+        assert isa_cap() is None
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert isa_cap() == "AVX2"
