@@ -85,6 +85,15 @@ def test_outputs_hold_no_machine_paths(path):
         assert leak not in text, f"{path.name} stores {leak!r} in its outputs; run notebooks/execute.py, which scrubs them"
 
 
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapters_leave_no_files_behind(path):
+    """A chapter writes into a tempfile.TemporaryDirectory, removed when its kernel stops; mkdtemp's folder would
+    stay, one more with every Run All (chapter 11's held 77 MB)."""
+    nb = nbformat.read(path, as_version=4)
+    assert not [c for c in code_cells(nb) if "mkdtemp(" in c.source], \
+        f"{path.name}: use tempfile.TemporaryDirectory, not mkdtemp, for what the chapter writes"
+
+
 def test_toc_lists_exactly_the_chapters():
     toc = yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())
     listed = [ch["file"] for part in toc["parts"] for ch in part["chapters"] if ch["file"].startswith("chapters/")]
