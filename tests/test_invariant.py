@@ -167,7 +167,7 @@ def test_what_cannot_be_made_invariant_is_left_as_it_is():
 
 
 def test_load_warns_where_it_cannot_compute_rows_alike(monkeypatch):
-    """`sd.load` asked for rows computed alike (the default) and not given them says so, once, with the reason."""
+    """`sd.load` asked for rows computed alike (the default) and not given them says so, with the reason."""
     import warnings
 
     from test_hybrid import tiny_qwen3_5
