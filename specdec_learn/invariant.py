@@ -115,8 +115,9 @@ class RowLinear(nn.Linear):
     layout, and never on one row alone: a one-row input goes through as two
     rows (itself twice) and one row of the output is kept. From two rows up
     that matmul rounds a row the same way whatever the count, in fp32 and
-    bf16 alike, and on the CPUs measured it reads a packed weight faster
-    than torch's own matmuls (benchmarks/row_invariance.py). It is the
+    bf16 alike. What it costs against torch's own matmuls depends on the CPU
+    and the dtype (MKL's one-row fp32 product on an Intel CPU is the fast
+    one to beat); benchmarks/row_invariance.py measures it. It is the
     layer it replaces in every other way: the same `weight` and `bias`
     Parameters (a tied embedding stays tied; the state dict keeps its
     names), and anything else (fp16, a GPU, autograd) runs the plain
