@@ -24,8 +24,8 @@ CPU two do not:
 
 A near-tie between two tokens is then decided the same way in the one-row
 step and in the verify pass, and greedy speculative decoding reproduces
-plain decoding to the bit, in bf16 as in fp32 (tests/test_invariant.py), bf16
-where oneDNN packs bf16 weights: not on a CPU with AVX2 only.
+plain decoding to the bit (tests/test_invariant.py): in fp32 on every CPU,
+and in bf16 where oneDNN packs bf16 weights (not on a CPU with AVX2 only).
 Elementwise operations and norms work row by row and need nothing.
 
 `make_row_invariant(model)` switches a CPU model over; `target.load` does it
@@ -33,9 +33,9 @@ unless told not to (`invariant=False`), and warns where it cannot. It leaves
 alone what it cannot make invariant (`not_invariant` says why): linear-attention
 layers (Qwen3.5, Qwen3-Next), which compute many rows in chunks and one row
 step by step; mixture-of-experts layers; soft-capped attention; bf16 where
-oneDNN packs no bf16 weights (fp32 is then computed alike). GPUs and vLLM batch by
-their own rules. There the library promises what chapter 2 proves (each
-token is distributed as the target's), not the last bit.
+oneDNN packs no bf16 weights. GPUs and vLLM batch by their own rules. There
+the library promises what chapter 2 proves (each token is distributed as the
+target's), not the last bit.
 """
 
 from __future__ import annotations

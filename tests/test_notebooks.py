@@ -86,9 +86,9 @@ def test_outputs_hold_no_machine_paths(path):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_chapters_leave_no_files_behind(path):
-    """A chapter writes into a tempfile.TemporaryDirectory, removed when its kernel stops; mkdtemp's folder would
-    stay, one more with every Run All (chapter 11's held 77 MB)."""
+def test_chapters_write_into_temporary_directories_not_mkdtemp(path):
+    """What a chapter writes goes into a tempfile.TemporaryDirectory, removed when its kernel shuts down; a mkdtemp
+    folder would stay behind, one more with every Run All (chapter 11's held 77 MB)."""
     nb = nbformat.read(path, as_version=4)
     assert not [c for c in code_cells(nb) if "mkdtemp(" in c.source], \
         f"{path.name}: use tempfile.TemporaryDirectory, not mkdtemp, for what the chapter writes"
