@@ -136,12 +136,17 @@ def _bench_caption(results: Path, stem: str):
     from specdec_learn.quiet import warning
 
     run = read_results(results / f"{stem}.json")
+
+    def span(values):  # "1.00" for one value, "0.42–0.58" for a range
+        low, high = f"{values[0]:.2f}", f"{values[-1]:.2f}"
+        return low if low == high else f"{low}–{high}"
+
     ar = next(r for r in run.rows if r["method"] == "ar")
     match = sorted(r["greedy_match"] for r in run.rows if r["method"] != "ar")
     greedy = not run.config.get("temperature")
     quietness = ("; disturbed" if warning(run.conditions) else "; otherwise idle") if run.conditions else ""
     caption = (f"{run.label}{quietness}; AR at {ar['tok_per_s']:.1f} tok/s"
-               + (f"; greedy match with AR {match[0]:.2f}–{match[-1]:.2f}" if greedy and match else "")
+               + (f"; greedy match with AR {span(match)}" if greedy and match else "")
                + f" (`benchmarks/results/{stem}.json`).")
     return run, caption
 
