@@ -41,6 +41,7 @@ target's), not the last bit.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 from torch import nn
@@ -74,6 +75,42 @@ def visible_keys(mask: torch.Tensor | None, n: int, length: int) -> list[torch.T
     return rows
 
 
+def shared_start(rows: list[torch.Tensor | slice]) -> int:
+    """How many keys from key 0 on every gathered row (an index tensor) sees: a tree's cache and root."""
+    gathered = [keys for keys in rows if not isinstance(keys, slice)]
+    if not gathered:
+        return 0
+    width = min(keys.numel() for keys in gathered)
+    run = torch.stack([keys[:width] for keys in gathered]) == torch.arange(width)  # [rows, width]
+    return int(run.all(0).cumprod(0).sum())
+
+
+_plan: tuple = (None, None)  # ((a weak reference to the last pass's mask, n, length), its plan)
+
+
+def plan(attention_mask: torch.Tensor | None, n: int, length: int) -> tuple[list[torch.Tensor | slice], int] | None:
+    """The keys each of n rows sees and `shared_start` of them, or None where the mask is not a plain one.
+
+    Every layer of a pass gets the same mask object, so the answer is worked out
+    once per pass and kept while that mask object lives (nothing writes into a
+    mask once it is made).
+    """
+    global _plan
+    key, rows = _plan
+    if attention_mask is not None and key is not None and key[0]() is attention_mask and key[1:] == (n, length):
+        return rows
+    mask = None if attention_mask is None else attention_mask[0, 0, :, :length]  # [n, L], as transformers slices
+    plain = mask is None or mask.dtype == torch.bool or bool(
+        ((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
+    rows = None
+    if plain and (mask is None or mask.shape[0] == n):
+        keys = visible_keys(mask, n, length)
+        rows = keys, shared_start(keys)
+    if attention_mask is not None:
+        _plan = (weakref.ref(attention_mask), n, length), rows
+    return rows
+
+
 def row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' sdpa attention, one query row at a time over the keys that row sees.
 
@@ -84,24 +121,37 @@ def row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
     whose one-row kernel on a CPU is several times faster, and no less exact. Anything this does not model
     (a GPU, a batch, autograd, dropout, a non-causal layer without a mask, soft-capping, a bias beside the
     mask, attention sinks, a row that sees nothing) goes to transformers' own.
+
+    A chain's rows see consecutive keys: each call takes a view of the cache. A
+    tree row sees the cache, the root and its ancestors: those keys are copied
+    into one scratch tensor per layer, the cache part once and each row's few
+    ancestors over the end of it, rather than the whole cache once per row.
     """
     n, length = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask = None if attention_mask is None else attention_mask[0, 0, :, :length]  # [n, L], as transformers slices
-    plain = mask is None or mask.dtype == torch.bool or bool(
-        ((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all())
     special = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
-    rows = visible_keys(mask, n, length) if plain and (mask is None or mask.shape[0] == n) else None
+    planned = None if special else plan(attention_mask, n, length)
+    rows, start = planned if planned is not None else (None, 0)
     if (query.device.type != "cpu" or query.shape[0] != 1 or torch.is_grad_enabled() or dropout or special
-            or rows is None or (mask is None and (not causal or (n > 1 and length != n)))
+            or rows is None or (attention_mask is None and (not causal or (n > 1 and length != n)))
             or any(isinstance(keys, slice) and keys.stop == keys.start for keys in rows)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     q, k_all, v_all = (x.float() for x in (query, key, value))  # fp32 (no copy when already fp32)
+    widest = max((keys.numel() for keys in rows if not isinstance(keys, slice)), default=0)
+    if widest:  # [1, H_kv, widest, D]: the shared keys now, each tree row's own ones below
+        k_tree, v_tree = k_all.new_empty(*k_all.shape[:2], widest, k_all.shape[3]), v_all.new_empty(
+            *v_all.shape[:2], widest, v_all.shape[3])
+        k_tree[:, :, :start], v_tree[:, :, :start] = k_all[:, :, :start], v_all[:, :, :start]
     out = []
     for i, keys in enumerate(rows):
-        k = k_all[:, :, keys] if isinstance(keys, slice) else k_all.index_select(2, keys)  # [1, H_kv, L_i, D]
-        v = v_all[:, :, keys] if isinstance(keys, slice) else v_all.index_select(2, keys)
+        if isinstance(keys, slice):
+            k, v = k_all[:, :, keys], v_all[:, :, keys]  # [1, H_kv, L_i, D], views
+        else:
+            end = keys.numel()
+            torch.index_select(k_all, 2, keys[start:], out=k_tree[:, :, start:end])
+            torch.index_select(v_all, 2, keys[start:], out=v_tree[:, :, start:end])
+            k, v = k_tree[:, :, :end], v_tree[:, :, :end]
         out.append(torch.nn.functional.scaled_dot_product_attention(q[:, :, i : i + 1], k, v, scale=scaling,
                                                                     enable_gqa=True))  # [1, H_q, 1, D]
     attended = torch.cat(out, dim=2) if n > 1 else out[0]  # [1, H_q, n, D]

@@ -18,7 +18,8 @@ import specdec_learn as sd
 from specdec_learn.limits import cpu_has_bf16, machine_info
 from specdec_learn.methods import names
 from specdec_learn.zoo import make_drafter
-from specdec_learn.invariant import RowLinear, is_row_invariant, make_row_invariant, packed_matmul_works, visible_keys
+from specdec_learn.invariant import (RowLinear, is_row_invariant, make_row_invariant, packed_matmul_works, plan,
+                                     shared_start, visible_keys)
 from specdec_learn.target import Target
 
 from conftest import embedded_target, tiny_llama
@@ -126,6 +127,19 @@ def test_visible_keys_are_the_mask_rows():
     assert rows[0] == slice(0, 3) and rows[1].tolist() == [0, 1, 3] and rows[2] == slice(0, 0)
     additive = torch.where(mask, 0.0, float("-inf"))
     assert visible_keys(additive, 3, 5)[1].tolist() == [0, 1, 3]
+
+
+def test_a_tree_pass_plans_its_rows_once_and_shares_the_cache_part():
+    """The keys every tree row sees from key 0 on (the cache and the root) are found, and one pass's layers,
+    which all get the same mask object, reuse one plan; another mask gets its own."""
+    allowed = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]],
+                           dtype=torch.bool)  # a cache of 2, the root, and nodes 0 and 1 (children of the root), 2
+    assert shared_start(visible_keys(allowed, 4, 6)) == 3
+    assert shared_start([slice(0, 4), torch.tensor([1, 2])]) == 0 and shared_start([slice(0, 4)]) == 0
+    mask = allowed[None, None]
+    rows, start = plan(mask, 4, 6)
+    assert start == 3 and rows[2].tolist() == [0, 1, 2, 4] and plan(mask, 4, 6)[0] is rows
+    assert plan(mask.clone(), 4, 6)[0] is not rows
 
 
 def test_row_linear_keeps_the_layer_and_its_ties():
