@@ -27,7 +27,8 @@ def ci_times(results: Path) -> str:
     for path in sorted((results / "ci").glob("ci_run*.json")):
         run = json.loads(path.read_text())
         m = run["machine"]
-        words = machine_words({"cpu": m["cpu"], "cpu_bf16": m["bf16_instructions"], "isa_cap": m.get("isa_cap")})
+        words = machine_words({"cpu": m["cpu"], "cpu_bf16": m["bf16_instructions"], "cpu_amx": m.get("amx"),
+                               "isa_cap": m.get("isa_cap")})
         out += [f"`.ci/run`, {run['label']}; {words}, {m['cores']} cores (`benchmarks/results/ci/{path.name}`).", "",
                 "| step | minutes |", "|---|---:|"]
         out += [f"| {'**all**' if name == 'all' else f'`{name}`'} | {s / 60:.1f} |" for name, s in run["steps_s"].items()]
@@ -44,19 +45,23 @@ def chapter_times(results: Path) -> str:
     path = results / "chapter_times.json"
     times = json.loads(path.read_text())["chapters"] if path.exists() else {}
     chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    machines = sorted({(e["cpu"], e["cores"], e["cpu_bf16"]) for c in times.values() for e in c.values()})
+    def machine(e):  # entries filed before cpu_amx was recorded say nothing of AMX
+        return e["cpu"], e["cores"], e["cpu_bf16"], e.get("cpu_amx")
+
+    machines = sorted({machine(e) for c in times.values() for e in c.values()}, key=str)
 
     def cell(chapter, mode):
         entry = times.get(chapter, {}).get(mode)
         if entry is None:
             return "not measured yet"
-        mark = f" ({machines.index((entry['cpu'], entry['cores'], entry['cpu_bf16'])) + 1})" if len(machines) > 1 else ""
+        mark = f" ({machines.index(machine(entry)) + 1})" if len(machines) > 1 else ""
         return f"{entry['seconds'] / 60:.1f}{mark}"
 
     lines = ["| chapter | quick mode, minutes | full mode, minutes |", "|---|---:|---:|"]
     lines += [f"| {c} | {cell(c, 'quick')} | {cell(c, 'full')} |" for c in chapters]
-    named = [f"{'(' + str(i + 1) + ') ' if len(machines) > 1 else ''}{machine_words({'cpu': cpu, 'cpu_bf16': b})}, "
-             f"{cores} cores" for i, (cpu, cores, b) in enumerate(machines)]
+    named = [f"{'(' + str(i + 1) + ') ' if len(machines) > 1 else ''}"
+             f"{machine_words({'cpu': cpu, 'cpu_bf16': b, 'cpu_amx': amx})}, {cores} cores"
+             for i, (cpu, cores, b, amx) in enumerate(machines)]
     lines += ["", "Each chapter run alone, top to bottom, by `notebooks/execute.py` on an otherwise idle machine "
               f"({'; '.join(named) or 'none yet'}; `benchmarks/results/chapter_times.json`)."]
     return "\n".join(lines) + "\n"

@@ -88,7 +88,8 @@ def record_time(chapter: str, mode: str, seconds: float, conditions: dict) -> st
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {"chapters": {}}
     machine = machine_info()
     entry = {"seconds": round(seconds), "cpu": machine["cpu"], "cores": machine["cores"],
-             "cpu_bf16": machine["cpu_bf16"], "others_cpu_share": conditions["others_cpu_share"]}
+             "cpu_bf16": machine["cpu_bf16"], "cpu_amx": machine["cpu_amx"],
+             "others_cpu_share": conditions["others_cpu_share"]}
     times["chapters"].setdefault(chapter, {})[mode] = entry
     times["chapters"] = dict(sorted(times["chapters"].items()))
     write_text_atomic(TIMES, json.dumps(times, indent=2) + "\n")

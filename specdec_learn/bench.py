@@ -257,11 +257,13 @@ FULL_RUN = (10, 128)  # prompts x new tokens: the least a run the book calls ful
 
 
 def machine_words(m: dict) -> str:
-    """A results file's CPU in words, and whether it has bf16 instructions where that is known: two CPUs with one
-    name can differ in them, and they decide a bf16 run's costs (limits.cpu_has_bf16)."""
+    """A results file's CPU in words, and whether it has bf16 instructions (and AMX) where that is known: two CPUs
+    with one name can differ in them, and they decide a bf16 run's costs (limits.cpu_has_bf16, cpu_has_amx)."""
     if m.get("isa_cap"):  # oneDNN, MKL and ATen held to an instruction set: computing as a CPU with only that does
         return f"{m['cpu']} with its kernels capped at {m['isa_cap']}"
     bf16 = {True: " with bf16 instructions", False: " without bf16 instructions"}.get(m.get("cpu_bf16"), "")
+    if m.get("cpu_bf16"):  # which ones, where the file says (results from before cpu_amx do not)
+        bf16 = {True: " with AMX bf16 instructions", False: " with AVX512-BF16, no AMX"}.get(m.get("cpu_amx"), bf16)
     return f"{m['cpu']}{bf16}"
 
 

@@ -59,13 +59,32 @@ def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
     return _flags_have_bf16(str(cpuinfo))
 
 
+def cpu_has_amx(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has AMX's bf16 tile instructions that oneDNN may use: read from /proc/cpuinfo (a VM may hide
+    them from a CPU that has them), False where oneDNN is capped below them; None where it can't be read.
+
+    With AMX a bf16 matmul over 17 rows costs little more than over 2; with
+    AVX512-BF16 alone it costs several times more, so a wide verify pass (a
+    tree's) is priced differently on two Xeons of one name.
+    """
+    cap = isa_cap()
+    if cap is not None and "AMX" not in cap:
+        return False
+    flags = _cpu_flags(str(cpuinfo))
+    return None if flags is None else "amx_bf16" in flags
+
+
 @functools.cache
-def _flags_have_bf16(cpuinfo: str) -> bool | None:
+def _cpu_flags(cpuinfo: str) -> str | None:
     try:
-        flags = Path(cpuinfo).read_text()
+        return Path(cpuinfo).read_text()
     except OSError:  # not Linux
         return None
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _flags_have_bf16(cpuinfo: str) -> bool | None:
+    flags = _cpu_flags(cpuinfo)
+    return None if flags is None else ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def machine_info(target=None) -> dict:
@@ -83,6 +102,7 @@ def machine_info(target=None) -> dict:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "cpu_bf16": cpu_has_bf16(),  # bf16 instructions: without them a CPU's bf16 matmuls are emulated
+        "cpu_amx": cpu_has_amx(),  # AMX: with it a bf16 pass over many rows costs little more than over one
         "isa_cap": isa_cap(),  # oneDNN capped below what the CPU has (ONEDNN_MAX_CPU_ISA), e.g. "AVX2"; None: not
         "aten_isa": torch.backends.cpu.get_cpu_capability(),  # the instruction set torch's own kernels use
         "torch_threads": torch.get_num_threads(),

@@ -137,7 +137,8 @@ def test_bench_runs_take_turns_prompt_by_prompt_each_with_its_own_drafter(monkey
 
 
 def test_results_label_says_whether_the_cpu_has_bf16_instructions(tmp_path):
-    """Results files from before machine.cpu_bf16 keep their label; newer ones say which kind of CPU ran them."""
+    """Results files from before machine.cpu_bf16 (or cpu_amx) keep their label; newer ones say which kind of CPU
+    ran them."""
     import json
 
     from specdec_learn.bench import read_results
@@ -152,6 +153,11 @@ def test_results_label_says_whether_the_cpu_has_bf16_instructions(tmp_path):
     run = "3 prompts x 8 new tokens (small run; greedy), bfloat16, AMD EPYC"
     assert labels == [f"{run}, 2 cores", f"{run} with bf16 instructions, 2 cores",
                       f"{run} without bf16 instructions, 2 cores", f"{run}, 2 cores"]
+    for amx, words in [(True, "with AMX bf16 instructions"), (False, "with AVX512-BF16, no AMX")]:
+        path = tmp_path / f"amx{amx}.json"
+        path.write_text(json.dumps({"machine": {**machine, "cpu_bf16": True, "cpu_amx": amx},
+                                    "config": {"num_prompts": 3, "max_new_tokens": 8}, "results": []}))
+        assert read_results(path).label == f"{run} {words}, 2 cores"
 
 
 def test_bench_drafter_flag_errors_are_one_line(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdec_learn.limits import (ar_ceiling, cpu_has_bf16, isa_cap, matmul_weights, predicted_speedup,
+from specdec_learn.limits import (ar_ceiling, cpu_has_amx, cpu_has_bf16, isa_cap, matmul_weights, predicted_speedup,
                                   read_bandwidth, weight_bytes)
 from specdec_learn.stats import Round, Stats
 from specdec_learn.target import Target
@@ -72,3 +72,17 @@ def test_cpu_has_bf16_reads_the_flags_and_says_none_where_it_cannot(tmp_path, mo
         assert isa_cap() is None
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
     assert isa_cap() == "AVX2"
+
+
+def test_cpu_has_amx_reads_the_flags_and_the_cap(tmp_path, monkeypatch):
+    """An AVX512-BF16 Xeon and an AMX one share a name; the flags tell them apart, and a cap below AMX hides it."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    for i, (flags, amx) in enumerate([("fpu avx512f avx512_bf16", False), ("fpu avx512_bf16 amx_bf16 amx_tile", True)]):
+        cpuinfo = tmp_path / f"amx{i}"
+        cpuinfo.write_text(f"flags\t\t: {flags}\n")
+        assert cpu_has_amx(cpuinfo) is amx
+    assert cpu_has_amx(tmp_path / "absent") is None
+    for cap, amx in [("AVX512_CORE_BF16", False), ("avx2", False), ("AVX512_CORE_AMX", True)]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_has_amx(tmp_path / "amx1") is amx
