@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import specdec_learn as sd
-from specdec_learn import plots
+from specdec_learn import plots, quiet
 from specdec_learn.plots import save_figure
 from specdec_learn.bench import bench, format_table, machine_info
 from specdec_learn.formats.io import write_text_atomic
@@ -85,6 +85,7 @@ def main() -> None:
                "read_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weight_bytes(target.model),
                "ar_ceiling_tok_per_s": ceiling, "workloads": {}}
     all_records = {}
+    start = quiet.snapshot()  # how busy the machine was, over every workload and HF's runs
     for workload in args.workloads.split(","):
         prompts = load_workload(workload, n=4 * args.edit_functions if workload == "edits" else args.prompts)
         run = [m for m in methods if workload != "edits" or m in EDITS_METHODS]
@@ -109,6 +110,7 @@ def main() -> None:
             f"{name} {p['tok_per_s']:.1f} tok/s (our AR / it: {p['our_ar_over_it']:.2f}x)"
             for name, p in peers.items() if name != "ours"))
     results["minutes"] = (time.perf_counter() - t0) / 60
+    results["conditions"] = quiet.conditions(start, quiet.snapshot())
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +118,8 @@ def main() -> None:
     figures(all_records, out.with_suffix(""), results["machine"])
     print("\n" + markdown_summary(results))
     print(f"\nwritten {out} and figures in {results['minutes']:.1f} min")
+    if quiet.warning(results["conditions"]):
+        print(quiet.warning(results["conditions"]))
 
 
 def hf_peers(target, prompts, max_new_tokens, ar_record, lookup_k: int = 3, assistant_k: int = 2) -> dict:

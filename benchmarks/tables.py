@@ -226,9 +226,12 @@ def all_methods(results: Path) -> str:
     """benchmarks/all_methods.py: each method at its best k per workload, and HF generate beside our AR."""
     data = json.loads((results / "all_methods.json").read_text())
     m, c = data["machine"], data["config"]
+    quietness = {True: "disturbed", False: "otherwise idle"}.get((data.get("conditions") or {}).get("disturbed"),
+                                                                 "quietness not recorded")
     return (f"`make benchmarks`: {c['prompts']} held-out prompts per workload (edits: {c['edit_functions']} "
             f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{kernel_words(m)}, "
-            f"batch 1; {machine_words(m)}, {m['cores']} cores (`benchmarks/results/all_methods.json`). Cell: "
+            f"batch 1; {machine_words(m)}, {m['cores']} cores, {quietness} (`benchmarks/results/all_methods.json`). "
+            "Cell: "
             "the best speedup over our AR in the same run (mean acceptance length, k).\n\n"
             + markdown_summary(data) + "\n")
 
