@@ -28,3 +28,25 @@ def test_conversion_writes_only_into_the_cache_dir(tmp_path):
     assert "im_start" in (model_dir / "tokenizer_config.json").read_text() + "".join(
         p.read_text() for p in model_dir.glob("*.jinja")
     )
+
+
+def test_one_gguf_reader_parses_a_file_once_and_puts_the_reader_back(tmp_path):
+    """transformers parses a GGUF file three times in a conversion; within the block each file is parsed once."""
+    import gguf
+    import numpy as np
+
+    from specdec_learn.models import gguf_says_add_bos, one_gguf_reader
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    parse = gguf.GGUFReader
+    with one_gguf_reader():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and gguf_says_add_bos(path)
+        assert first.tensors[0].name == "token_embd.weight"
+    assert gguf.GGUFReader is parse and gguf.GGUFReader(path) is not first
