@@ -45,6 +45,7 @@ def chapter_times(results: Path) -> str:
     path = results / "chapter_times.json"
     times = json.loads(path.read_text())["chapters"] if path.exists() else {}
     chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+
     def machine(e):  # entries filed before cpu_amx was recorded say nothing of AMX
         return e["cpu"], e["cores"], e["cpu_bf16"], e.get("cpu_amx")
 
@@ -231,8 +232,7 @@ def all_methods(results: Path) -> str:
     return (f"`make benchmarks`: {c['prompts']} held-out prompts per workload (edits: {c['edit_functions']} "
             f"functions x 4 requests) x {c['max_new_tokens']} new tokens (small run), greedy, {m['dtype']}{kernel_words(m)}, "
             f"batch 1; {machine_words(m)}, {m['cores']} cores, {quietness} (`benchmarks/results/all_methods.json`). "
-            "Cell: "
-            "the best speedup over our AR in the same run (mean acceptance length, k).\n\n"
+            "Cell: the best speedup over our AR in the same run (mean acceptance length, k).\n\n"
             + markdown_summary(data) + "\n")
 
 
