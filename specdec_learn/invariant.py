@@ -139,9 +139,9 @@ def row_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
                                       is_causal=is_causal, **kwargs)
     q, k_all, v_all = (x.float() for x in (query, key, value))  # fp32 (no copy when already fp32)
     widest = max((keys.numel() for keys in rows if not isinstance(keys, slice)), default=0)
-    if widest:  # [1, H_kv, widest, D]: the shared keys now, each tree row's own ones below
-        k_tree, v_tree = k_all.new_empty(*k_all.shape[:2], widest, k_all.shape[3]), v_all.new_empty(
-            *v_all.shape[:2], widest, v_all.shape[3])
+    if widest:  # the shared keys now, each tree row's own ones below
+        shape = (*k_all.shape[:2], widest, k_all.shape[3])  # [1, H_kv, widest, D]
+        k_tree, v_tree = k_all.new_empty(shape), v_all.new_empty(shape)
         k_tree[:, :, :start], v_tree[:, :, :start] = k_all[:, :, :start], v_all[:, :, :start]
     out = []
     for i, keys in enumerate(rows):

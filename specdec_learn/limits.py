@@ -56,7 +56,8 @@ def cpu_has_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
     """
     if isa_cap() in NO_BF16_ISAS:
         return False
-    return _flags_have_bf16(str(cpuinfo))
+    flags = _cpu_flags(str(cpuinfo))
+    return None if flags is None else ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def cpu_has_amx(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
@@ -76,15 +77,11 @@ def cpu_has_amx(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
 
 @functools.cache
 def _cpu_flags(cpuinfo: str) -> str | None:
+    """/proc/cpuinfo's text (read once per path), or None where there is none (not Linux)."""
     try:
         return Path(cpuinfo).read_text()
     except OSError:  # not Linux
         return None
-
-
-def _flags_have_bf16(cpuinfo: str) -> bool | None:
-    flags = _cpu_flags(cpuinfo)
-    return None if flags is None else ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def machine_info(target=None) -> dict:
