@@ -161,7 +161,8 @@ def main(argv=None) -> int:
                                                      "instructions, and fp32 always")
     ap.add_argument("--repeats", type=int, default=15, help="verify passes per row count and kernel")
     ap.add_argument("--json", default=None, help="default: benchmarks/results/row_invariance_<cpu>.json "
-                                                 "(<cpu>_avx2_kernels under make row-invariance-avx2)")
+                                                 "(<cpu>_no_bf16 on a CPU without bf16 instructions, "
+                                                 "<cpu>_avx2_kernels under make row-invariance-avx2)")
     args = ap.parse_args(argv)
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise SystemExit("--prompts and --max-new-tokens must be >= 1")
@@ -178,6 +179,8 @@ def main(argv=None) -> int:
     cpu = slug(machine["cpu"])  # the machine's name as the reference run's file has it
     if machine["isa_cap"]:  # `make row-invariance-avx2`: not this CPU's own kernels, so not its file
         cpu += f"_{machine['isa_cap'].lower()}_kernels"
+    elif not machine["cpu_bf16"]:  # a CPU of the same name may or may not have bf16 instructions (AMD EPYC)
+        cpu += "_no_bf16"
     out = Path(args.json or ROOT / "benchmarks" / "results" / f"row_invariance_{cpu}.json")
     config = {"num_prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "workload": "mixed",
               "prompt_ids": [p.id for p in prompts], "book_k": BOOK_K, "tree": vars(TREE), "rows": list(ROWS),
