@@ -194,7 +194,7 @@ class RowLinear(nn.Linear):
         rows = x.reshape(-1, x.shape[-1])  # [n, in]
         n = rows.shape[0]
         if n == 1:  # the one-row kernel rounds differently: run it as two rows, keep one
-            rows = rows.expand(2, -1)
+            rows = torch.cat([rows, rows])  # [2, in]; a copy made by cat costs less than expand(...).contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
         return out[:n].view(*x.shape[:-1], out.shape[-1])  # [..., out]
 
