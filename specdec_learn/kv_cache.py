@@ -23,6 +23,9 @@ An HF DynamicCache holds one object per layer, of one of three kinds:
 
 The cache invariant of target.py (the cache holds every committed token but
 the last) rests on these: `Target.commit` calls them after every round.
+
+A drafter with a network of its own (EAGLE-3) keeps its K/V in a `KVCache`:
+two tensors that grow by rows and are cropped back after a rejection.
 """
 
 from __future__ import annotations
@@ -160,3 +163,21 @@ def linear_mixers(decoder, config) -> dict[int, torch.nn.Module]:
     types = getattr(config, "layer_types", None) or ()
     return {i: decoder.layers[i].linear_attn for i, kind in enumerate(types)
             if kind == "linear_attention" and hasattr(decoder.layers[i], "linear_attn")}
+
+
+class KVCache:
+    """A drafter's own keys and values, [kv_heads, T, d] each, row i at position i: it grows and is cropped."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+
+    def crop(self, keep: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :keep], self.v[:, :keep]

@@ -107,6 +107,12 @@ def depths(parents: list[int]) -> list[int]:
     return out
 
 
+def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, n, past+n] of a chain: new row i sees the cache and new rows 0..i."""
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
+    return additive(allowed, dtype)[None, None]
+
+
 def tree_mask(parents: list[int], past: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Additive attention mask [1, 1, n+1, past+n+1] for [root, node 0..n-1] after `past` cached tokens.
 

@@ -135,7 +135,7 @@ class Drafter:
         """Drop what was learned from earlier requests (only suffix decoding keeps anything across them)."""
 
 
-# --- two pieces of attention the drafters' own networks share (EAGLE-3's layer, DFlash's block) ---
+# --- the pieces of attention the drafters' own networks share (EAGLE-3's layer, DFlash's block) ---
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -154,3 +154,36 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)  # [heads, m, d]
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, n, d]
     return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor | None:
+    """Which keys each query may see ([nq, nk] bool, from their positions [nq] and [nk]), or None for all.
+
+    ``causal``: a query sees no later position; ``window``: only the last
+    `window` positions (a ``sliding_attention`` layer).
+    """
+    if not causal and window is None:
+        return None
+    distance = q_pos[:, None] - k_pos[None, :]  # [nq, nk]
+    seen = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    return seen & (distance < window) if window is not None else seen
+
+
+class Rope:
+    """cos, sin [n, d] at integer positions [n]: transformers' rotary embedding for an HF `config`.
+
+    transformers' class brings every scaling (YaRN's attention factor on
+    cos/sin included). It is held outside nn.Module, so the drafter's
+    ``.to(bf16)`` never rounds its angles and no checkpoint carries them.
+    """
+
+    def __init__(self, config):
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        self.rotary = (Qwen3RotaryEmbedding if config.model_type == "qwen3" else LlamaRotaryEmbedding)(config)
+
+    def __call__(self, positions: torch.Tensor, like: torch.Tensor):
+        """cos, sin [n, d] in the dtype and on the device of `like`."""
+        cos, sin = self.rotary(like, positions[None])  # [1, n, d] each
+        return cos[0], sin[0]

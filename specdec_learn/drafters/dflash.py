@@ -62,16 +62,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-from ..formats.io import full_attention_head_dim, full_attention_rope, load_strict
-from ..formats.zlab import build_target_layer_ids, layer_attention, read_dflash, write_dflash
+from ..formats.io import load_strict
+from ..formats.zlab import build_target_layer_ids, draft_config, layer_attention, read_dflash, write_dflash
 from ..sampling import probabilities, sample
 from ..tree import best_first, top_candidates
 from ..vocab import ReducedHead
-from .base import Drafter, Proposal, grouped_attention, rotate
-
-SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>": see the module docstring
+from .base import Drafter, Proposal, Rope, grouped_attention, rotate, visibility
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -80,23 +78,6 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
 
 
 # -- the network -----------------------------------------------------------------------
-
-
-def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor | None:
-    """Which keys each query may see ([nq, nk] bool), or None for "all of them".
-
-    Full-attention DFlash layers see everything (the block is not causal);
-    ``sliding_attention`` layers are causal and see only the last `window` positions.
-    """
-    if not causal and window is None:
-        return None
-    q, k = q_pos[:, None], k_pos[None, :]
-    seen = torch.ones(q.shape[0], k.shape[1], dtype=torch.bool, device=q_pos.device)
-    if causal:
-        seen &= k <= q
-    if window is not None:
-        seen &= q - k < window
-    return seen
 
 
 class BlockAttention(nn.Module):
@@ -163,18 +144,15 @@ class DFlashModel(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(BlockLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.angles = Rope(config)  # fp32 whatever the model's dtype (base.Rope)
 
     @property
     def block_size(self) -> int:
         return int(self.config.block_size)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor):
-        """cos, sin [n, d] for integer positions [n]."""
-        if self.rotary_emb.inv_freq.dtype != torch.float32:  # a .to(bf16) rounded the angles: rebuild them
-            self.rotary_emb = Qwen3RotaryEmbedding(self.config).to(positions.device)
-        cos, sin = self.rotary_emb(like, positions[None])
-        return cos[0].to(like.dtype), sin[0].to(like.dtype)
+        """cos, sin [n, d] for integer positions [n], in the dtype of `like`."""
+        return self.angles(positions, like)
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Concatenated taps [T, n*Ht] at `positions` [T] -> every layer's context (K, V)."""
@@ -187,7 +165,8 @@ class DFlashModel(nn.Module):
 
         mask: [n, T + n] bool (True = may attend), used in training where many
         blocks share one context; at decode time it is None (one block, sees all),
-        except in sliding-window layers, which build theirs from the positions.
+        except in sliding-window layers, which build theirs from the positions
+        (full-attention DFlash layers see everything: the block is not causal).
         """
         cos, sin = self.rope(positions, x)
         for layer, kv in zip(self.layers, ctx_kv):
@@ -198,26 +177,6 @@ class DFlashModel(nn.Module):
                 layer_mask = visibility(positions, k_pos, attn.causal, attn.window)
             x = layer(x, cos, sin, kv, layer_mask)
         return self.norm(x)
-
-
-def draft_config(target, num_layers: int = 1, block_size: int = 16, num_taps: int = 3,
-                 mask_token_id: int = SMOLLM2_MASK_TOKEN_ID, target_layer_ids=None) -> Qwen3Config:
-    """A draft config sized like the target's layers (hidden size, heads, MLP, RoPE)."""
-    t = target.config
-    cfg = Qwen3Config(
-        vocab_size=target.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=full_attention_head_dim(t),
-        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
-        rope_parameters=full_attention_rope(t),
-        tie_word_embeddings=False,
-    )
-    cfg.block_size = block_size
-    cfg.mask_token_id = mask_token_id
-    cfg.target_layer_ids = list(target_layer_ids or default_target_layer_ids(target.num_layers, num_taps))
-    cfg.num_target_layers = target.num_layers
-    return cfg
 
 
 # -- the drafter -----------------------------------------------------------------------

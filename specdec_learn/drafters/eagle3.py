@@ -40,14 +40,17 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm  # the same norm as the draft layer's
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
 
 from ..formats.io import load_strict
 from ..formats.speculators import (Eagle3Config, check_target, eagle3_config_for, eagle3_layer_attention,
-                                   read_eagle3, write_eagle3)
-from ..sampling import probabilities, sample
+                                   layer_hf_config, read_eagle3, write_eagle3)
+from ..kv_cache import KVCache
+from ..sampling import draft_token
 from ..tree import ancestor_mask, dynamic_tree
-from .base import Drafter, Proposal, grouped_attention, rotate
+from .base import Drafter, Proposal, Rope, grouped_attention, rotate, visibility
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -56,17 +59,6 @@ def default_taps(num_layers: int) -> tuple[int, int, int]:
 
 
 # --- the network ----------------------------------------------------------------
-
-
-def rotary_embedding(layer_config: dict):
-    """transformers' rotary embedding for the layer type: inv_freq AND the factor YaRN & co. put on cos/sin."""
-    from transformers import AutoConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-    kwargs = {k: v for k, v in layer_config.items() if k != "model_type"}
-    hf = AutoConfig.for_model(layer_config["model_type"], **kwargs)
-    return (Qwen3RotaryEmbedding if layer_config["model_type"] == "qwen3" else LlamaRotaryEmbedding)(hf)
 
 
 class Eagle3Layer(nn.Module):
@@ -80,7 +72,7 @@ class Eagle3Layer(nn.Module):
         self.head_dim = c.get("head_dim") or H // self.num_heads
         self.norm_before_residual = cfg.norm_before_residual
         self.window = eagle3_layer_attention(c)[1]  # None = full attention
-        bias, mlp_bias = c.get("attention_bias", False), c.get("mlp_bias", False)
+        bias = c.get("attention_bias", False)
         self.input_layernorm = RMSNorm(H, eps)  # on the token embedding
         self.hidden_norm = RMSNorm(H, eps)  # on the fused target state
         self.self_attn = nn.Module()
@@ -92,13 +84,7 @@ class Eagle3Layer(nn.Module):
             self.self_attn.q_norm = RMSNorm(self.head_dim, eps)
             self.self_attn.k_norm = RMSNorm(self.head_dim, eps)
         self.post_attention_layernorm = RMSNorm(H, eps)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(H, c["intermediate_size"], bias=mlp_bias)
-        self.mlp.up_proj = nn.Linear(H, c["intermediate_size"], bias=mlp_bias)
-        self.mlp.down_proj = nn.Linear(c["intermediate_size"], H, bias=mlp_bias)
-        from transformers.activations import ACT2FN
-
-        self.act = ACT2FN[c.get("hidden_act", "silu")]
+        self.mlp = (Qwen3MLP if c["model_type"] == "qwen3" else LlamaMLP)(layer_hf_config(c))  # the layer type's own
 
     def qkv(self, emb, hidden, cos, sin):
         """Queries [heads, n, d] and this call's keys/values [kv_heads, n, d]."""
@@ -120,7 +106,7 @@ class Eagle3Layer(nn.Module):
         residual = self.hidden_norm(hidden) if self.norm_before_residual else hidden
         x = residual + attn_out  # [n, H]
         h = self.post_attention_layernorm(x)
-        return x + self.mlp.down_proj(self.act(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        return x + self.mlp(h)
 
 
 class Eagle3Model(nn.Module):
@@ -144,9 +130,9 @@ class Eagle3Model(nn.Module):
         self.t2d[: cfg.draft_vocab_size] = True  # identity mapping until a real one is loaded
         self.embed_tokens: nn.Embedding | None = None  # only when the checkpoint has its own
         # Used here, not owned: a module in a plain namespace is no submodule, so the target's embedding
-        # (`borrow_embedding`) is never saved, moved or counted with this model, and `.to(bf16)` leaves the
-        # RoPE angles fp32.
-        self.unowned = SimpleNamespace(embedding=None, rotary=rotary_embedding(c))
+        # (`borrow_embedding`) is never saved, moved or counted with this model.
+        self.unowned = SimpleNamespace(embedding=None)
+        self.angles = Rope(layer_hf_config(c))  # fp32 whatever the model's dtype (base.Rope)
 
     def set_vocab(self, draft_ids: torch.Tensor) -> None:
         """Use the target ids `draft_ids` (sorted, V_d of them) as the draft vocabulary."""
@@ -168,9 +154,7 @@ class Eagle3Model(nn.Module):
 
     def rope(self, positions: torch.Tensor):
         """cos, sin [n, d] for integer positions [n] (attention factor applied, as transformers does)."""
-        like = self.fc.weight.new_empty(0)
-        cos, sin = self.unowned.rotary(like, positions[None])  # [1, n, d] each
-        return cos[0], sin[0]
+        return self.angles(positions, self.fc.weight.new_empty(0))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.embed_tokens if self.embed_tokens is not None else self.unowned.embedding
@@ -209,24 +193,6 @@ def new_eagle3(target, draft_ids=None, taps=None, intermediate_size: int | None 
 
 
 # --- the drafter ----------------------------------------------------------------------
-
-
-class KVCache:
-    """The drafter's own keys and values, [kv_heads, T, d] each, cropped on rejection."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[1]
-
-    def append(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
-
-    def crop(self, keep: int):
-        if self.k is not None:
-            self.k, self.v = self.k[:, :keep], self.v[:, :keep]
 
 
 class Eagle3Drafter(Drafter):
@@ -280,10 +246,7 @@ class Eagle3Drafter(Drafter):
         cos, sin = model.rope(positions)
         q, k, v = layer.qkv(emb, hidden, cos, sin)
         self.cache.append(k, v)  # committed row i holds position i
-        distance = positions[:, None] - torch.arange(len(self.cache), device=device)[None, :]  # [n, T]
-        mask = distance >= 0  # causal
-        if layer.window is not None:  # a sliding_attention layer sees the last `window` positions
-            mask &= distance < layer.window
+        mask = visibility(positions, torch.arange(len(self.cache), device=device), True, layer.window)  # [n, T]
         if ancestors is not None:
             mask[:, self.num_real :] = ancestors[:, self.num_real :]
         return layer.finish(hidden, layer.attend(q, self.cache.k, self.cache.v, mask))
@@ -308,14 +271,9 @@ class Eagle3Drafter(Drafter):
         tokens, qs = [], []
         for i in range(k):
             logits = model.logits(x)[0]  # [V_d]
-            if sampling.greedy:
-                tokens.append(int(model.draft_to_target[logits.argmax()]))
-            else:
-                full = logits.new_full((model.config.vocab_size,), -math.inf)  # [V]
-                full[model.draft_to_target] = logits
-                q = probabilities(full, sampling)
-                tokens.append(sample(q, generator))
-                qs.append(q)
+            full = logits.new_full((model.config.vocab_size,), -math.inf)  # [V]: out of the draft vocabulary, never
+            full[model.draft_to_target] = logits
+            tokens.append(draft_token(full, sampling, generator, qs))
             if i < k - 1:  # later steps feed back the drafter's own state (pre-norm, or normed: norm_output)
                 x = self._step(model.feedback(x), tokens[-1:], self.num_real + i)
         return Proposal(tokens, torch.stack(qs) if qs else None)

@@ -60,7 +60,7 @@ from ..formats.mtp import LAYOUTS
 from ..sampling import draft_token
 from ..compat import cache_arg, cached_length
 from ..kv_cache import crop_cache
-from ..tree import additive
+from ..tree import causal_mask
 from ..vocab import ReducedHead
 from .base import Drafter, Proposal
 
@@ -185,12 +185,6 @@ def rotary(target, x: torch.Tensor, positions: torch.Tensor):
     if "full_attention" in getattr(rotary, "layer_types", ()):  # Gemma 3: one rotary per attention type
         return rotary(x, positions, "full_attention")
     return rotary(x, positions)
-
-
-def causal_mask(past: int, n: int, dtype, device) -> torch.Tensor:
-    """Additive mask [1, 1, n, past+n]: new row i sees the cache and new rows 0..i."""
-    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
-    return additive(allowed, dtype)[None, None]
 
 
 # -- the drafter ------------------------------------------------------------------

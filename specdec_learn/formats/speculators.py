@@ -112,6 +112,13 @@ _EAGLE3_KEYS = {"speculators_model_type", "transformer_layer_config", "draft_voc
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
 
 
+def layer_hf_config(layer: dict):
+    """transformers' config object for a ``transformer_layer_config`` (its ``model_type``'s class)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(layer["model_type"], **{k: v for k, v in layer.items() if k != "model_type"})
+
+
 def eagle3_layer_attention(layer: dict) -> tuple[str, int | None]:
     """(layer type, window) of the one draft layer, as transformers' config class resolves them.
 
@@ -119,9 +126,7 @@ def eagle3_layer_attention(layer: dict) -> tuple[str, int | None]:
     keeps ``sliding_window`` only with ``use_sliding_window``, and a sliding
     layer without a window attends to everything (vLLM's ``LlamaAttention``).
     """
-    from transformers import AutoConfig
-
-    hf = AutoConfig.for_model(layer["model_type"], **{k: v for k, v in layer.items() if k != "model_type"})
+    hf = layer_hf_config(layer)
     kind = (getattr(hf, "layer_types", None) or ["full_attention"])[0]
     if kind not in ATTENTION_TYPES:
         raise ValueError(f"Draft layer type {kind!r} is not implemented here (only {', '.join(ATTENTION_TYPES)}).")

@@ -39,7 +39,10 @@ from pathlib import Path
 
 import torch
 
-from .io import cpu_tensors, qwen3_config, read_config, read_weights, write_folder
+from .io import (cpu_tensors, full_attention_head_dim, full_attention_rope, qwen3_config, read_config, read_weights,
+                 write_folder)
+
+SMOLLM2_MASK_TOKEN_ID = 16  # "<empty_output>", free to mean MASK (drafters/dflash.py says why)
 
 # Keys that are DFlash's rather than Qwen3Config's.
 DFLASH_KEYS = ("block_size", "dflash_config", "mask_token_id", "target_layer_ids", "num_target_layers", "architectures",
@@ -53,6 +56,29 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     return [round(1 + i * (num_target_layers - 4) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def draft_config(target, num_layers: int = 1, block_size: int = 16, num_taps: int = 3,
+                 mask_token_id: int = SMOLLM2_MASK_TOKEN_ID, target_layer_ids=None) -> Qwen3Config:
+    """The config of a fresh DFlash drafter for `target`: a Qwen3Config sized like the target's layers (hidden size,
+    heads, MLP, RoPE) with the three DFlash fields (``target_layer_ids`` in DFlash numbering)."""
+    from transformers import Qwen3Config
+
+    t = target.config
+    cfg = Qwen3Config(
+        vocab_size=target.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=full_attention_head_dim(t),
+        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+        rope_parameters=full_attention_rope(t),
+        tie_word_embeddings=False,
+    )
+    cfg.block_size = block_size
+    cfg.mask_token_id = mask_token_id
+    cfg.target_layer_ids = list(target_layer_ids or build_target_layer_ids(target.num_layers, num_taps))
+    cfg.num_target_layers = target.num_layers
+    return cfg
 
 
 def layer_attention(cfg, i: int) -> tuple[int | None, bool]:

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
-from ..drafters.mtp import MTPHead, causal_mask, rotary, save_mtp
+from ..drafters.mtp import MTPHead, rotary, save_mtp
+from ..tree import causal_mask
 from .features import training_data
 from .loop import Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
 from .sources import add_share_argument, example_picker, source_weights
