@@ -164,7 +164,7 @@ def eagle3_first_draft(model, taps, token):
     z = torch.cat([layer.input_layernorm(e), layer.hidden_norm(g)], dim=-1)  # [1, 2H]
     x = g + attn.o_proj(attn.v_proj(z))  # one position: every head's softmax weight is 1
     h = layer.post_attention_layernorm(x)
-    x = x + layer.mlp.down_proj(layer.act(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+    x = x + layer.mlp(h)  # gate, up, down: the layer type's own MLP
     draft_id = int(model.lm_head(model.norm(x))[0].argmax())
     return draft_id + int(model.d2t[draft_id])
 
