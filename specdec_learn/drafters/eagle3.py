@@ -271,9 +271,12 @@ class Eagle3Drafter(Drafter):
         tokens, qs = [], []
         for i in range(k):
             logits = model.logits(x)[0]  # [V_d]
-            full = logits.new_full((model.config.vocab_size,), -math.inf)  # [V]: out of the draft vocabulary, never
-            full[model.draft_to_target] = logits
-            tokens.append(draft_token(full, sampling, generator, qs))
+            if sampling.greedy:  # the argmax over the draft vocabulary, as a target id (no [V] row to fill)
+                tokens.append(int(model.draft_to_target[logits.argmax()]))
+            else:  # q over the target's vocabulary: zero outside the draft vocabulary
+                full = logits.new_full((model.config.vocab_size,), -math.inf)  # [V]
+                full[model.draft_to_target] = logits
+                tokens.append(draft_token(full, sampling, generator, qs))
             if i < k - 1:  # later steps feed back the drafter's own state (pre-norm, or normed: norm_output)
                 x = self._step(model.feedback(x), tokens[-1:], self.num_real + i)
         return Proposal(tokens, torch.stack(qs) if qs else None)
