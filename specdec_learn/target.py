@@ -152,6 +152,15 @@ class Target:
     def final_norm(self) -> torch.nn.Module:
         return self.decoder.norm
 
+    def rotary(self, x: torch.Tensor, positions: torch.Tensor):
+        """(cos, sin) of the target's rotary embedding for a full-attention layer at `positions` [1, n]."""
+        rope = self.decoder.rotary_emb
+        if getattr(rope, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
+            positions = positions[None].expand(3, 1, -1)
+        if "full_attention" in getattr(rope, "layer_types", ()):  # Gemma 3: one rotary per attention type
+            return rope(x, positions, "full_attention")
+        return rope(x, positions)
+
     # -- text <-> ids ----------------------------------------------------
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of `prompt`, sent through the chat template when the model has one."""

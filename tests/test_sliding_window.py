@@ -110,12 +110,12 @@ def test_sliding_window_draft_model_is_lossless(target, ar):
 
 def test_fresh_drafters_rotate_as_the_targets_full_attention_layers():
     """Gemma 3 keys RoPE by layer type (sliding: theta 1e4; full: theta 1e6, here with linear scaling x8): a
-    fresh EAGLE-3, DFlash or MTP drafter gets the full-attention cos/sin, scaling included."""
+    fresh EAGLE-3 or DFlash drafter, and MTP through `Target.rotary`, gets the full-attention cos/sin, scaling
+    included."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from specdec_learn.drafters.dflash import DFlashModel, draft_config
     from specdec_learn.drafters.eagle3 import new_eagle3
-    from specdec_learn.drafters.mtp import rotary
 
     cfg = Gemma3TextConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -132,7 +132,7 @@ def test_fresh_drafters_rotate_as_the_targets_full_attention_layers():
     got = {
         "eagle3": new_eagle3(target, taps=(0, 1, 1)).rope(positions),
         "dflash": DFlashModel(draft_config(target, block_size=4, target_layer_ids=[0, 1])).rope(positions, x[0]),
-        "mtp": tuple(t[0] for t in rotary(target, x, positions[None])),
+        "mtp": tuple(t[0] for t in target.rotary(x, positions[None])),
     }
     for name, (cos, sin) in got.items():
         torch.testing.assert_close(cos, want_cos[0], atol=1e-6, rtol=1e-5, msg=f"{name}: cos")

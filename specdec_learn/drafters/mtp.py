@@ -38,10 +38,9 @@ token t+j+1 is committed (teacher forcing, as in training: HF's ``MtpModel``
 keeps the same complete caches). Drafting extends the caches with positions
 that use draft tokens; those entries are cropped before the next round.
 
-The weights load straight from a target checkpoint directory
-(`load_mtp`), so a Qwen3.5 model's own MTP layers work unchanged; a target
-without MTP weights gets an error that says so. The two published naming
-schemes (and MoE experts split per expert) are in formats/mtp.py.
+`load_mtp` reads the weights straight from a target checkpoint directory, so
+a Qwen3.5 model's own MTP layers draft unchanged; the published names are in
+formats/mtp.py.
 """
 
 from __future__ import annotations
@@ -177,16 +176,6 @@ def random_mtp_head(target, num_layers: int = 1, layout: str = "qwen3_next", see
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-def rotary(target, x: torch.Tensor, positions: torch.Tensor):
-    """The target's rotary embedding (cos, sin) at `positions` [1, n]."""
-    rotary = target.decoder.rotary_emb
-    if getattr(rotary, "mrope_section", None) is not None:  # Qwen3.5: 3 position streams, equal for text
-        positions = positions[None].expand(3, 1, -1)
-    if "full_attention" in getattr(rotary, "layer_types", ()):  # Gemma 3: one rotary per attention type
-        return rotary(x, positions, "full_attention")
-    return rotary(x, positions)
-
-
 # -- the drafter ------------------------------------------------------------------
 
 
@@ -279,12 +268,10 @@ class MTPDrafter(Drafter):
         inputs. Returns layer 0's (logits at T-1, output at T-1), or None.
 
         A round of k drafts reads layers 0..k-1 only, and only layer 0's
-        logits: the others' rows here feed their next layer and caches, not a
-        draft. So the layers a round will not read wait, their inputs queued,
-        until a round with a larger k catches them up in one pass (causal
-        attention gives the same rows in one pass as in many), and only layer
-        0 runs its head. At k = 2 on a depth-3 head that takes one of four
-        layer runs and two of four heads a round away.
+        logits here. So the layers a round will not read wait, their inputs
+        queued, until a round with a larger k catches them up in one pass
+        (causal attention gives the same rows in one pass as in many), and
+        only layer 0 runs its head.
         """
         result = None
         for j in range(layers):
@@ -317,7 +304,7 @@ class MTPDrafter(Drafter):
         positions = torch.arange(past, past + n, device=device)[None]  # [1, n]
         if self.head.layout == "deepseek_v3" and past == 0:
             e[:, 0] = 0  # vLLM zeroes the embedding at position 0 for DeepSeek MTP
-        pe = rotary(self.target, e, positions)
+        pe = self.target.rotary(e, positions)
         mask = causal_mask(past, n, e.dtype, device)
         step = self.head.step(j % self.head.num_layers)
         out, h_next = step.hidden(e, h_in, pe, mask, cache)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoints import shipped_folder
-from ..drafters.mtp import MTPHead, rotary, save_mtp
+from ..drafters.mtp import MTPHead, save_mtp
 from ..tree import causal_mask
 from .features import training_data
 from .loop import Budget, Run, export as export_folder, recipe, train_loop, work_dir_for
@@ -79,7 +79,7 @@ def mtp_loss(head: MTPHead, target, ids: torch.Tensor, mask: torch.Tensor, h: to
         step = head.step(k % head.num_layers)  # layer k % n at step k, as the drafter runs it
         e = head.embed(ids[k + 1 : k + 1 + n][None])  # [1, n, H]
         positions = torch.arange(n, device=ids.device)[None]
-        out, prev = step.hidden(e, prev[:, :n], rotary(target, e, positions),
+        out, prev = step.hidden(e, prev[:, :n], target.rotary(e, positions),
                                 causal_mask(0, n, e.dtype, e.device), None)  # [1, n, H] each
         # position t predicts x_{t+k+2}: rows 0..n-2, on response tokens only
         labels = ids[k + 2 : k + 1 + n]  # [n-1]
