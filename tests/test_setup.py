@@ -121,3 +121,59 @@ def test_a_missing_browser_skips_locally_and_fails_in_ci(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no npm here
     with pytest.raises(pytest.fail.Exception, match="npm"):
         browser_env.need_npm()
+
+
+def student_path_distributions() -> set[str]:
+    """What `pip install -e ".[notebooks]"` (README, "Start here") brings: the package's dependencies, the
+    notebooks extra, and everything those require in turn (no extras of theirs)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = PYPROJECT["project"]
+    todo = [Requirement(r).name for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]]
+    seen: set[str] = set()
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in map(Requirement, requires):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def test_the_student_path_installs_every_module_a_chapter_imports():
+    """A chapter run in JupyterLab after README's `pip install -e ".[notebooks]"` finds every module it imports;
+    CI installs more extras (test, book), so only this reading of the chapters would catch a missing one."""
+    import ast
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    installed = student_path_distributions()
+    providers = metadata.packages_distributions()
+    local = {"specdec_learn", "sentences"}  # the library, and notebooks/sentences.py beside the chapters
+    missing_modules = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            code = "".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(code)):
+                roots = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                for module in (r.split(".")[0] for r in roots):
+                    if module in sys.stdlib_module_names or module in local:
+                        continue
+                    if not {canonicalize_name(d) for d in providers.get(module, [])} & installed:
+                        missing_modules.setdefault(module, path.stem)
+    assert not missing_modules, (
+        f"chapters import modules the student path does not install (module: first chapter): {missing_modules}; "
+        "add their distributions to the notebooks extra in pyproject.toml")
