@@ -22,7 +22,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
 
 HOW = {
-    "chromium": "Debian/Ubuntu `sudo apt-get install chromium`, Fedora `sudo dnf install chromium`, "
+    "chromium": "Debian `sudo apt-get install chromium`, Ubuntu `sudo snap install chromium` and "
+                "CHROMIUM=/snap/bin/chromium, Fedora `sudo dnf install chromium`, "
                 "macOS `brew install --cask chromium`; or export CHROMIUM=/path/to/chrome-or-chromium",
     "npm": "Debian/Ubuntu `sudo apt-get install npm`, Fedora `sudo dnf install nodejs-npm`, macOS `brew install node`",
 }
