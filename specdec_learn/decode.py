@@ -156,8 +156,9 @@ def check_request(target: Target, prompt, drafter, k, max_new_tokens, sampling, 
         drafter.check_k(k)
         if not target.can_roll_back:
             raise ValueError(
-                f"{target.name} has linear-attention layers, whose recurrent state cannot drop rejected drafts: "
-                "the readable loop runs it without a drafter only. Speculate on it with vLLM (backend='vllm')."
+                f"{target.name} has recurrent layers (Mamba, short convolutions, ...) whose state cannot drop "
+                "rejected drafts here: the readable loop runs it without a drafter only. Speculate on it with "
+                "vLLM (backend='vllm')."
             )
     if isinstance(prompt, str):
         ids = target.encode(prompt, chat=chat)

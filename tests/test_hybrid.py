@@ -3,10 +3,9 @@
 A linear-attention layer folds every token into one recurrent state (and a
 short conv state), so a rejected draft cannot be cropped out: `Target.verify`
 snapshots those states and `Target.commit` puts them back and replays the
-accepted rows through the linear layers' token mixers (target.py). Before
-that, `Target.can_roll_back` was False for these targets and `generate`
-refused every drafter on them with a ValueError, so each speculative test
-here failed on the old library.
+accepted rows through the linear layers' token mixers (target.py). Without
+that, `Target.can_roll_back` would be False for these targets and `generate`
+would refuse every drafter on them, so each speculative test here fails.
 
 Targets are transformers' own Qwen3_5ForCausalLM / Qwen3NextForCausalLM with
 tiny configs (three linear-attention layers, one full-attention layer) and

@@ -195,5 +195,5 @@ def test_recurrent_layers_without_a_rollback_are_refused_for_speculation_but_dec
     target = Target(Lfm2ForCausalLM(cfg).eval(), None, name="tiny-lfm2")
     assert not target.can_roll_back
     assert len(sd.generate(target, list(range(3, 20)), max_new_tokens=4).tokens) == 4
-    with pytest.raises(ValueError, match="linear-attention.*vllm"):
+    with pytest.raises(ValueError, match="recurrent layers.*vllm"):
         sd.generate(target, list(range(3, 20)), sd.NgramDrafter(), k=2, max_new_tokens=4)
