@@ -146,7 +146,8 @@ row-invariance-avx2: $(VENV)/.installed
 
 # The GPU profile (benchmarks/gpu_profile.py, docs/GPU.md): the published pairs' shapes with random weights on a
 # CUDA or ROCm GPU inside 8 minutes, every drafter lossless there, the cost model's predictions; one JSON in
-# benchmarks/results/. Without a GPU, the tiny version (what tests/test_gpu_profile.py runs). It installs nothing:
+# benchmarks/results/. Without a GPU, the tiny version (what tests/test_gpu_profile.py runs), into results/, which
+# git ignores. It installs nothing:
 # the venv's python where there is one, else $(PYTHON) (a GPU machine's own torch and transformers >= 5.19).
 .PHONY: gpu-profile
 gpu-profile:

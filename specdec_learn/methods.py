@@ -1,12 +1,14 @@
 """Every method, declared once: what it is called, which drafter class builds it, what it ships and trains,
 and what vLLM runs of it.
 
-The zoo, the checkpoints registry, the CLI, the bench, the vLLM backend and the
-retraining plan all read `METHODS`; nothing else lists methods. What a drafter
-can do (grow trees, score a cut vocabulary) is read off its class
-(`can_branch`, `reduce_vocabulary`: drafters/base.py), and how it is built from
-a recipe is the class's own `build` (in the method's file). A new method is one
-`Method` here and one drafter file.
+The zoo, the checkpoints registry, the CLI, the bench and the vLLM backend read
+`METHODS`. Settings that belong to one use rather than to a method live with
+that use: the retraining plan's flags (train/retrain.py; a test holds it to
+exactly the methods with a trainer) and the benchmarks' k per method. What a
+drafter can do (grow trees, score a cut vocabulary) is read off its class
+(`can_branch`, `can_reduce_vocabulary`: drafters/base.py), and how it is built
+from a recipe is the class's own `build` (in the method's file). A new method
+is one `Method` here and one drafter file.
 
 This module imports nothing of the library, so that every floor may read it.
 """

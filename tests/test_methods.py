@@ -1,5 +1,5 @@
-"""Each method is declared once (methods.py): the zoo, the CLI, the bench, the checkpoints registry, the vLLM
-backend and the retraining plan read it, and what a drafter can do is read off its class."""
+"""Each method is declared once (methods.py): the zoo, the CLI, the bench, the checkpoints registry and the vLLM
+backend read it, the retraining plan covers exactly its trainers, and what a drafter can do is read off its class."""
 
 import re
 from pathlib import Path
