@@ -561,7 +561,7 @@ def _predicted_length(answer):
            mistakes=[(predicted - 1, "mean acceptance length counts the target's own token too: add 1."),
                      (1 + a0 + a1 + a2, "a later draft counts only if every draft before it was accepted: "
                                         "multiply along the prefix.")])
-    return f"Correct: about {predicted:.2f}; compare the acceptance length at k = 3 that section 7 measured."
+    return f"Correct: about {predicted:.2f}; compare the acceptance length at k = 3 that section 8 shows."
 
 
 @exercise("11.3")
