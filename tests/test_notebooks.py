@@ -83,6 +83,7 @@ def test_outputs_hold_no_machine_paths(path):
     text = path.read_text()
     for leak in (str(ROOT), str(Path.home()) + "/", "site-packages/"):
         assert leak not in text, f"{path.name} stores {leak!r} in its outputs; run notebooks/execute.py, which scrubs them"
+    assert "../shared/" not in text, f"{path.name} names a path outside the repository, which readers do not have"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
