@@ -184,12 +184,15 @@ def _template(answer):
 
 
 @exercise("1.1")
-def _bf16_bytes(answer):
-    megabytes = smollm2().model.num_parameters() * 2 / 1e6
-    expect(answer, megabytes, tol=1.0, hint="every weight is read once per token: how many bytes is a bf16 "
-                                            "number? Answer in MB (1e6 bytes).",
-           mistakes=[(2 * megabytes, "that is the fp32 figure (4 bytes a weight); bf16 is 2.")])
-    return f"Correct: {megabytes:.0f} MB per token in bf16, half of fp32."
+def _four_bit_bytes(answer):
+    params = smollm2().model.num_parameters()
+    megabytes = params * 0.5 / 1e6
+    expect(answer, megabytes, tol=1.0, hint="every weight is read once per token, half a byte each. Answer in MB "
+                                            "(1e6 bytes).",
+           mistakes=[(params / 1e6, "that is 8 bits (one byte) a weight; 4 bits is half a byte."),
+                     (params * 2 / 1e6, "that is bf16's 2 bytes a weight; 4 bits is half a byte."),
+                     (params * 4 / 1e6, "that is fp32's 4 bytes a weight; 4 bits is half a byte.")])
+    return f"Correct: {megabytes:.0f} MB per token, an eighth of fp32's."
 
 
 @exercise("1.2")
@@ -369,7 +372,7 @@ def _eagle3_vs_draft_model(answer):
 
 @exercise("7.1")
 def _dflash_k(answer):
-    block = 16
+    block = 10
     expect(answer, block - 1, hint="a block of B slots holds the anchor and B - 1 masks.",
            mistakes=[(block, "slot 0 is the anchor, a token the target already committed: it is not a draft.")])
     return f"Correct: {block - 1} drafts per round, the anchor fills the {block}th slot."

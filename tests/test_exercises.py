@@ -62,12 +62,12 @@ def solved(name, variables):
 
 # exercise -> wrong answers (the first ones are the mistakes readers make)
 WRONGS = {
-    "0.1": [0.174, 0.348, 21.0, 0.5], "0.2": [30, 23, 37], "1.1": [538.1, 269.0 * 4],
+    "0.1": [0.174, 0.348, 21.0, 0.5], "0.2": [30, 23, 37], "1.1": [134.5, 269.0, 538.1],
     "1.2": [3.125, 2.5], "2.1": [0.5, 0.35, 0.60],
     "2.2": [[1.0, 0.0, 0.0], [0.5, 0.35, 0.15], [0.3, 0.05, 0.0]], "3.1": [[5, 6], [2, 5]], "3.2": [2.91, 3.2],
     "4.1": [(19, 20), (19, 19)], "4.2": [0.84, 1.85], "4.3": [0.5, 0.0], "5.1": [(39, 39), (40, 39), (38, 38)],
     "5.2": [4096, 262_144], "5.3": [1, 0], "6.1": [(2, 18, 34), (1, 18, 35)], "6.2": [[3, 7, 8, 20]],
-    "6.3": [(3.05, 6.86), (2.56, 3.2)], "7.1": [16, 14], "7.2": [[1, 9, 17, 25, 33], [0, 8, 16, 24, 32]],
+    "6.3": [(3.05, 6.86), (2.56, 3.2)], "7.1": [10, 8], "7.2": [[1, 9, 17, 25, 33], [0, 8, 16, 24, 32]],
     "7.3": [3, 5], "8.1": [4, 3], "8.2": [["of", "course"], ["no", "course"]], "8.3": [(1, 1), (2, 2)],
     "9.1": [1.31, 2.18, 2.5], "9.2": [4, 2, 3],
     "10.1": [{"method": "mtp", "num_speculative_tokens": 3, "model": "Qwen/Qwen3.5-0.8B"},
@@ -111,7 +111,7 @@ def test_hand_worked_answers_pass():
     for name, right in [("2.1", 0.65), ("2.2", [6 / 7, 1 / 7, 0.0]), ("3.1", [7, 1]), ("5.1", (39, 38)),
                         ("6.2", [3, 6, 6, 17]), ("8.1", 2), ("8.2", ["no", "problem"]), ("9.2", 8),
                         ("12.2", (7, 4)), ("12.3", 4.48), ("13.1", ["the", "mat"]), ("13.2", 684), ("14.1", [1, 4]),
-                        ("14.2", 13), ("0.2", 24)]:
+                        ("14.2", 13), ("0.2", 24), ("1.1", 134.5 / 2), ("7.1", 9)]:
         assert check(name, right).startswith("Correct"), name
 
 
@@ -121,6 +121,8 @@ def test_hand_worked_answers_pass():
     ("2.1", 0.35, "REJECTION"),            # the total variation distance
     ("0.1", 0.174, "count it once"),       # the tied output head counted as a second matrix
     ("0.2", 30, "before AND after"),       # every template token, not those before the message
+    ("1.1", 134.5, "one byte"),            # 8 bits a weight, not 4
+    ("7.1", 10, "anchor"),                 # the block size, anchor slot included
     ("8.3", (2 * 49152 * 32, 49152**2), "at rank 16"),  # the shipped rank
     ("10.2", 84 / 52 + 1, "total since"),  # the engine's totals, not the call's
     ("9.2", 4, "ADDED DRAFT"),             # the raw gain, not per added draft
