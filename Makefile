@@ -10,7 +10,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# The torch installed first into a venv that has none: the CPU build (this machine keeps it on disk).
+# The torch installed first into a venv that has none, from wherever pip finds it (this machine keeps the CPU
+# build on disk; PyPI's default on Linux is the CUDA build).
 # A venv that already has a torch keeps it, so a GPU user installs a ROCm or CUDA build into .venv
 # before `make`, or names another one: make bench TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
@@ -29,7 +30,7 @@ export MPLCONFIGDIR  ?= $(SPECDEC_CACHE)/matplotlib
 $(VENV)/.bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned to the CPU build unless the venv has one already; nothing may pull a CUDA build
+	# torch first, pinned to $(TORCH) unless the venv has one already, so that nothing else picks the torch
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -c "import transformers" 2>/dev/null || $(PY) -m pip install -q $(TRANSFORMERS)
 	$(PY) -m pip install -q -e .

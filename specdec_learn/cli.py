@@ -51,8 +51,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (ROCm GPUs are 'cuda' too); default: GPU if present")
     p.add_argument("--cache-dir", default=None, help="where converted models go (default: $SPECDEC_CACHE or ~/.cache/specdec_learn)")
     p.add_argument("--draft", default=None,
-                   help=f"the checkpoint {', '.join(names(lambda m: m.draft is not None))} load: a folder or hub "
-                        "id (default: the one shipped for the target); draft_model also takes 'target'")
+                   help="the drafter's checkpoint, a folder or hub id, for the methods that load one ("
+                        f"{', '.join(names(lambda m: m.draft is not None))}); default: the one shipped for the "
+                        "target, or the target's own MTP layers; draft_model also takes 'target'")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)

@@ -375,7 +375,7 @@ def _dflash_k(answer):
     block = 10
     expect(answer, block - 1, hint="a block of B slots holds the anchor and B - 1 masks.",
            mistakes=[(block, "slot 0 is the anchor, a token the target already committed: it is not a draft.")])
-    return f"Correct: {block - 1} drafts per round, the anchor fills the {block}th slot."
+    return f"Correct: {block - 1} drafts per round; the anchor takes slot 0 of the {block}."
 
 
 @exercise("7.2")

@@ -28,7 +28,7 @@ Inputs (as vLLM pairs them):
 
 Which target hidden state: the one AFTER the target's final norm. vLLM hands
 its MTP proposer the model's output, which is post-norm (the published MTP
-papers leave it open; decided here); HF's ``MtpCandidateGenerator`` uses
+papers leave it open; decided here); HF's ``MTPCandidateGenerator`` uses
 ``hidden_states[-1]``, which is also post-norm. Our tap L is pre-norm, so the
 drafter applies ``target.final_norm`` itself.
 
